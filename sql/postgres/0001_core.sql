@@ -1,0 +1,412 @@
+-- asyncproc core objects for PostgreSQL (16 or later: pg_input_is_valid).
+-- Everything of ours lives in schema asyncproc; callers need only EXECUTE on asyncproc.invoke.
+
+create table asyncproc.queues (
+  name        text primary key check (name ~ '^[A-Za-z0-9_.:-]{1,128}$'),
+  concurrency integer not null default 10 check (concurrency between 1 and 1000),
+  created_at  timestamptz not null default now()
+);
+insert into asyncproc.queues (name) values ('default');
+
+-- The procedure registry: nothing unregistered can be invoked.
+create table asyncproc.procedures (
+  name          text primary key,               -- schema.name, as callers write it
+  proc          regprocedure not null unique,   -- the exact routine (overload) it stands for
+  queue         text not null default 'default' references asyncproc.queues (name),
+  max_attempts  integer not null default 1 check (max_attempts between 1 and 100),
+  timeout_ms    integer check (timeout_ms > 0),
+  registered_at timestamptz not null default now()
+);
+
+-- Every status change takes a new value: the change cursor (like SQL Server's rowversion).
+create sequence asyncproc.change_seq;
+
+create table asyncproc.executions (
+  id             bigint generated always as identity primary key,
+  token          uuid not null default gen_random_uuid() unique,
+  procedure      text not null,
+  arguments      jsonb not null,
+  queue          text not null,
+  status         text not null check (status in ('WAITING', 'PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')),
+  submitted_at   timestamptz not null default clock_timestamp(),
+  run_at         timestamptz,
+  started_at     timestamptz,
+  finished_at    timestamptz,
+  attempts       integer not null default 0,
+  max_attempts   integer not null default 1,
+  recoveries     integer not null default 0,   -- runs lost with their worker and started again
+  submitted_by   text,
+  error_number   text,                         -- SQLSTATE
+  error_message  text,
+  error_detail   text,
+  error_context  text,
+  result         jsonb,
+  worker         text,
+  backend_pid    integer,
+  batch_id       uuid,
+  stage          integer,
+  seq            bigint not null default nextval('asyncproc.change_seq')
+);
+-- The claim reads only ready rows: keep that index small.
+create index executions_ready on asyncproc.executions (queue, id) where status = 'PENDING';
+create index executions_active on asyncproc.executions (queue, status) where status in ('RUNNING', 'WAITING');
+create index executions_seq on asyncproc.executions (seq);
+create index executions_procedure on asyncproc.executions (procedure, id);
+create index executions_finished on asyncproc.executions (finished_at) where finished_at is not null;
+
+-- Parameters of every routine, read from the catalog. Defaults belong to the last pronargdefaults input arguments.
+create view asyncproc.parameters as
+select p.oid as proc,
+       a.ord::integer as position,
+       a.name,
+       a.type_oid,
+       format_type(a.type_oid, null) as type_name,
+       case a.mode when 'i' then 'IN' when 'o' then 'OUT' when 'b' then 'INOUT' when 'v' then 'VARIADIC' else 'TABLE' end as mode,
+       (a.mode in ('i', 'b', 'v') and a.arg_ord > p.pronargs - p.pronargdefaults) as has_default
+from pg_proc p
+cross join lateral (
+  select u.ord, u.type_oid,
+         coalesce(p.proargnames[u.ord], '') as name,
+         coalesce(p.proargmodes[u.ord], 'i') as mode,
+         count(*) filter (where coalesce(p.proargmodes[u.ord], 'i') in ('i', 'b', 'v')) over (order by u.ord) as arg_ord
+  from unnest(coalesce(p.proallargtypes, p.proargtypes::oid[])) with ordinality as u (type_oid, ord)
+) a;
+
+-- Does a JSON value convert to a parameter's type? (no exception, so no savepoint per call)
+create function asyncproc.fits(value jsonb, type_oid oid) returns boolean
+language sql stable as $$
+  select case
+    when value is null or jsonb_typeof(value) = 'null' then true
+    when type_oid in ('json'::regtype, 'jsonb'::regtype) then true
+    when jsonb_typeof(value) = 'array' then
+      t.typelem <> 0 and t.typcategory = 'A' and not exists (
+        select 1 from jsonb_array_elements(value) e
+        where jsonb_typeof(e) in ('object', 'array')
+           or (jsonb_typeof(e) <> 'null' and not pg_input_is_valid(e #>> '{}', format_type(t.typelem, null))))
+    when jsonb_typeof(value) = 'object' then false
+    else pg_input_is_valid(value #>> '{}', format_type(type_oid, null))
+  end
+  from pg_type t where t.oid = type_oid
+$$;
+
+-- The SQL expression that turns argument `name` of $1 (the arguments object) into a typed value.
+create function asyncproc.argument_expression(name text, type_oid oid) returns text
+language sql stable as $$
+  select case
+    when type_oid in ('json'::regtype, 'jsonb'::regtype) then format('($1->%L)::%s', name, format_type(type_oid, null))
+    when t.typcategory = 'A' and t.typelem <> 0 then
+      format('(select coalesce(array_agg(e.v order by e.o), ''{}'') from jsonb_array_elements_text($1->%L) with ordinality e (v, o))::%s',
+             name, format_type(type_oid, null))
+    else format('($1->>%L)::%s', name, format_type(type_oid, null))
+  end
+  from pg_type t where t.oid = type_oid
+$$;
+
+-- Session-level advisory locks tie a claim to the life of the worker's session.
+create function asyncproc.lock_key(execution_id bigint) returns integer
+language sql immutable as $$ select (execution_id % 2147483647)::integer $$;
+
+create function asyncproc.emit(execution_id bigint, seq bigint, status text) returns void
+language sql as $$ select pg_notify('asyncproc_events', execution_id || ':' || seq || ':' || status) $$;
+
+-- Enqueue a call inside the caller's transaction; returns the new row (asyncproc.invoke returns its token).
+-- Errors: AP001 unknown procedure, AP002 invalid arguments, AP003 unknown queue.
+create function asyncproc.submit(
+  procedure    text,
+  arguments    jsonb default '{}',
+  queue        text default null,
+  run_at       timestamptz default null,
+  max_attempts integer default null,
+  submitted_by text default null
+) returns asyncproc.executions
+language plpgsql as $$
+declare
+  registered asyncproc.procedures;
+  submitted  asyncproc.executions;
+  problems   text;
+  queue_name text;
+begin
+  arguments := coalesce(arguments, '{}');
+  if jsonb_typeof(arguments) <> 'object' then
+    raise exception 'arguments must be a JSON object keyed by parameter name' using errcode = 'AP002';
+  end if;
+  select * into registered from asyncproc.procedures r where r.name = submit.procedure;
+  if not found then
+    raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001';
+  end if;
+  if submit.max_attempts is not null and submit.max_attempts not between 1 and 100 then
+    raise exception 'maxAttempts must be between 1 and 100' using errcode = 'AP002';
+  end if;
+
+  select string_agg(problem, '; ' order by ord, problem) into problems from (
+    select 1 as ord, format('unknown argument "%s"', k) as problem
+      from jsonb_object_keys(arguments) k
+     where not exists (select 1 from asyncproc.parameters p
+                        where p.proc = registered.proc and p.name = k and p.mode in ('IN', 'INOUT', 'VARIADIC'))
+    union all
+    select 2, format('missing argument "%s" (%s)', p.name, p.type_name)
+      from asyncproc.parameters p
+     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and not p.has_default
+       and not arguments ? p.name
+    union all
+    select 3, format('argument "%s": %s is not a valid %s', p.name, arguments -> p.name, p.type_name)
+      from asyncproc.parameters p
+     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? p.name
+       and not asyncproc.fits(arguments -> p.name, p.type_oid)
+  ) found;
+  if problems is not null then
+    raise exception 'invalid arguments for %: %', registered.name, problems using errcode = 'AP002';
+  end if;
+
+  queue_name := coalesce(submit.queue, registered.queue);
+  perform 1 from asyncproc.queues q where q.name = queue_name;
+  if not found then
+    raise exception 'queue "%" does not exist', queue_name using errcode = 'AP003';
+  end if;
+
+  insert into asyncproc.executions (procedure, arguments, queue, status, run_at, max_attempts, submitted_by)
+  values (registered.name, arguments, queue_name,
+          case when submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
+          coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by)
+  returning * into submitted;
+
+  if submitted.status = 'PENDING' then
+    perform pg_notify('asyncproc_wake', queue_name);
+  end if;
+  perform asyncproc.emit(submitted.id, submitted.seq, submitted.status);
+  return submitted;
+end
+$$;
+
+-- The SQL interface for backend services: call it inside your own transaction.
+create function asyncproc.invoke(
+  procedure    text,
+  arguments    jsonb default '{}',
+  queue        text default null,
+  run_at       timestamptz default null,
+  max_attempts integer default null,
+  submitted_by text default null
+) returns uuid
+language sql as $$
+  select s.token from asyncproc.submit(procedure, arguments, queue, run_at, max_attempts, submitted_by) s
+$$;
+
+-- Claim the oldest ready call of a queue for this session: RUNNING, and locked for the session's life.
+create function asyncproc.claim(queue_name text, worker text) returns bigint
+language plpgsql as $$
+declare
+  claimed_id  bigint;
+  claimed_seq bigint;
+begin
+  update asyncproc.executions e
+     set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
+         worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq')
+    from (select x.id from asyncproc.executions x
+           where x.queue = queue_name and x.status = 'PENDING'
+           order by x.id limit 1 for update skip locked) ready
+   where e.id = ready.id
+  returning e.id, e.seq into claimed_id, claimed_seq;
+  if claimed_id is null then
+    return null;
+  end if;
+  perform pg_advisory_lock(x'41535943'::integer, asyncproc.lock_key(claimed_id));
+  perform asyncproc.emit(claimed_id, claimed_seq, 'RUNNING');
+  return claimed_id;
+end
+$$;
+
+-- Record an outcome (and retry when attempts are left). Used by run() and by the
+-- worker when a call escaped run() (cancelled statement, timeout) and must still end.
+create function asyncproc.finish(
+  execution_id bigint, succeeded boolean, outcome jsonb,
+  err_number text default null, err_message text default null, err_detail text default null, err_context text default null
+) returns void
+language plpgsql as $$
+declare
+  done_seq    bigint;
+  done_status text;
+  next_run    timestamptz;
+begin
+  update asyncproc.executions e
+     set status = case
+                    when succeeded then 'SUCCEEDED'
+                    when e.attempts < e.max_attempts then 'WAITING'
+                    else 'FAILED' end,
+         -- exponential backoff with jitter: about 2^attempts seconds, at most five minutes
+         run_at = case when not succeeded and e.attempts < e.max_attempts
+                       then clock_timestamp() + least(300, 2 ^ e.attempts) * (0.75 + random() / 2) * interval '1 second'
+                       else e.run_at end,
+         finished_at = case when succeeded or e.attempts >= e.max_attempts then clock_timestamp() end,
+         result = case when succeeded then outcome else null end,
+         error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
+         seq = nextval('asyncproc.change_seq')
+   where e.id = execution_id and e.status = 'RUNNING'
+  returning e.seq, e.status into done_seq, done_status;
+  if done_seq is not null then
+    perform asyncproc.emit(execution_id, done_seq, done_status);
+  end if;
+end
+$$;
+
+-- Run one claimed call; its writes, its outcome and its notification commit together.
+-- Then release it and claim the next call of next_queue in the same round trip.
+create function asyncproc.run(execution_id bigint, worker text, next_queue text, row_cap integer default 100)
+returns bigint
+language plpgsql as $$
+declare
+  call         record;
+  args_sql     text;
+  out_names    text[];
+  statement    text;
+  outcome      jsonb;
+  output       record;
+  v_state      text;
+  v_message    text;
+  v_detail     text;
+  v_context    text;
+begin
+  select e.arguments, e.status, r.proc, p.prokind, p.proretset, p.prorettype,
+         format('%I.%I', n.nspname, p.proname) as routine
+    into call
+    from asyncproc.executions e
+    join asyncproc.procedures r on r.name = e.procedure
+    join pg_proc p on p.oid = r.proc
+    join pg_namespace n on n.oid = p.pronamespace
+   where e.id = execution_id;
+
+  if found and call.status = 'RUNNING' then
+    begin
+      select string_agg(format('%I => %s', pa.name,
+                          case when pa.mode = 'OUT' then format('null::%s', pa.type_name)
+                               else asyncproc.argument_expression(pa.name, pa.type_oid) end), ', ' order by pa.position),
+             array_agg(pa.name order by pa.position) filter (where pa.mode in ('OUT', 'INOUT'))
+        into args_sql, out_names
+        from asyncproc.parameters pa
+       where pa.proc = call.proc
+         and ((pa.mode in ('IN', 'INOUT', 'VARIADIC') and call.arguments ? pa.name)
+              or (pa.mode = 'OUT' and call.prokind = 'p'));
+
+      if call.prokind = 'p' then
+        statement := format('call %s(%s)', call.routine, coalesce(args_sql, ''));
+        if out_names is null then
+          execute statement using call.arguments;
+          outcome := jsonb_build_object('returnValue', null, 'outputParameters', null, 'rows', null);
+        else
+          execute statement into output using call.arguments;
+          outcome := jsonb_build_object('returnValue', null, 'outputParameters', to_jsonb(output), 'rows', null);
+        end if;
+      else
+        statement := format('select coalesce(jsonb_agg(to_jsonb(t)), ''[]'') from (select * from %s(%s) limit %s) t',
+                            call.routine, coalesce(args_sql, ''), row_cap);
+        execute statement into outcome using call.arguments;
+        outcome := case
+          when call.proretset then jsonb_build_object('returnValue', null, 'outputParameters', null, 'rows', outcome)
+          when out_names is not null or (select typtype = 'c' from pg_type where oid = call.prorettype)
+            then jsonb_build_object('returnValue', null, 'outputParameters', outcome -> 0, 'rows', null)
+          else jsonb_build_object('returnValue', (select v from jsonb_each(outcome -> 0) x (k, v) limit 1),
+                                  'outputParameters', null, 'rows', null)
+        end;
+      end if;
+      perform asyncproc.finish(execution_id, true, outcome);
+    exception when others then
+      -- the block's implicit savepoint has undone the call's writes; record the failure instead
+      get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
+                              v_detail = pg_exception_detail, v_context = pg_exception_context;
+      perform asyncproc.finish(execution_id, false, null, v_state, v_message, nullif(v_detail, ''), nullif(v_context, ''));
+    end;
+  end if;
+
+  perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
+  if next_queue is null then
+    return null;
+  end if;
+  return asyncproc.claim(next_queue, worker);
+end
+$$;
+
+-- Start again the calls whose worker session is gone (its advisory lock is free).
+-- A call lost five times is failed rather than run forever.
+create function asyncproc.recover(max_recoveries integer default 5) returns integer
+language plpgsql as $$
+declare
+  lost      record;
+  recovered integer := 0;
+  new_seq   bigint;
+  new_stat  text;
+begin
+  for lost in
+    select e.id, e.queue from asyncproc.executions e
+     where e.status = 'RUNNING'
+       and not exists (select 1 from pg_locks l
+                        where l.locktype = 'advisory' and l.granted and l.objsubid = 2
+                          and l.database = (select oid from pg_database where datname = current_database())
+                          and l.classid = x'41535943'::integer::oid
+                          and l.objid = asyncproc.lock_key(e.id)::oid)
+  loop
+    -- holding the lock ourselves proves no live session runs it
+    continue when not pg_try_advisory_lock(x'41535943'::integer, asyncproc.lock_key(lost.id));
+    update asyncproc.executions e
+       set status = case when e.recoveries + 1 >= max_recoveries then 'FAILED' else 'PENDING' end,
+           attempts = e.attempts - 1, recoveries = e.recoveries + 1,
+           finished_at = case when e.recoveries + 1 >= max_recoveries then clock_timestamp() end,
+           error_number = case when e.recoveries + 1 >= max_recoveries then 'AP010' end,
+           error_message = case when e.recoveries + 1 >= max_recoveries
+                                then format('the worker running this call was lost %s times', e.recoveries + 1) end,
+           seq = nextval('asyncproc.change_seq')
+     where e.id = lost.id and e.status = 'RUNNING'
+    returning e.seq, e.status into new_seq, new_stat;
+    perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(lost.id));
+    if new_seq is not null then
+      recovered := recovered + 1;
+      perform asyncproc.emit(lost.id, new_seq, new_stat);
+      perform pg_notify('asyncproc_wake', lost.queue);
+    end if;
+  end loop;
+  return recovered;
+end
+$$;
+
+-- Move calls whose run_at has come from WAITING to PENDING.
+create function asyncproc.release_due() returns integer
+language plpgsql as $$
+declare
+  released integer := 0;
+  due      record;
+begin
+  for due in
+    update asyncproc.executions e
+       set status = 'PENDING', seq = nextval('asyncproc.change_seq')
+     where e.status = 'WAITING' and e.run_at <= clock_timestamp()
+    returning e.id, e.seq, e.queue
+  loop
+    released := released + 1;
+    perform asyncproc.emit(due.id, due.seq, 'PENDING');
+    perform pg_notify('asyncproc_wake', due.queue);
+  end loop;
+  return released;
+end
+$$;
+
+-- Register (or re-register) a routine as invocable.
+create function asyncproc.register(
+  routine regprocedure, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null
+) returns text
+language sql as $$
+  insert into asyncproc.procedures (name, proc, queue, max_attempts, timeout_ms)
+  select n.nspname || '.' || p.proname, routine, register.queue, register.max_attempts, register.timeout_ms
+    from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+   where p.oid = routine
+  on conflict (name) do update
+     set proc = excluded.proc, queue = excluded.queue, max_attempts = excluded.max_attempts, timeout_ms = excluded.timeout_ms
+  returning name
+$$;
+
+-- Delete finished history older than the retention.
+create function asyncproc.purge(older_than interval) returns integer
+language sql as $$
+  with gone as (
+    delete from asyncproc.executions
+     where finished_at < clock_timestamp() - older_than and status in ('SUCCEEDED', 'FAILED', 'CANCELLED')
+    returning 1)
+  select count(*)::integer from gone
+$$;

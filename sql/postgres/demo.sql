@@ -1,0 +1,31 @@
+-- Demo procedures: installed and registered by the embedded default, or with --demo / ASYNCPROC_DEMO=1.
+-- Re-runnable: every statement replaces or skips what is there.
+create schema if not exists demo;
+
+create table if not exists demo.ledger (
+  id          bigint generated always as identity primary key,
+  tag         text not null,
+  recorded_at timestamptz not null default clock_timestamp()
+);
+create index if not exists ledger_tag on demo.ledger (tag);
+
+create or replace procedure demo.sleep(seconds double precision)
+language sql as $$ select pg_sleep(seconds) $$;
+
+create or replace procedure demo.fail(message text)
+language plpgsql as $$ begin raise exception '%', message; end $$;
+
+create or replace procedure demo.add(a integer, b integer, out total integer)
+language plpgsql as $$ begin total := a + b; end $$;
+
+create or replace procedure demo.record(tag text)
+language sql as $$ insert into demo.ledger (tag) values (tag) $$;
+
+create or replace procedure demo.noop()
+language plpgsql as $$ begin end $$;
+
+select asyncproc.register('demo.sleep(double precision)');
+select asyncproc.register('demo.fail(text)');
+select asyncproc.register('demo.add(integer, integer)');
+select asyncproc.register('demo.record(text)');
+select asyncproc.register('demo.noop()');

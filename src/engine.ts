@@ -1,0 +1,214 @@
+/**
+ * The engine interface: the only boundary that knows a database dialect.
+ * Everything above it (GraphQL schema, completion hub, server) is written once;
+ * the PostgreSQL and SQL Server engines both implement it and both pass the
+ * conformance suite in test/conformance.ts.
+ */
+
+export const EXECUTION_STATUSES = ['WAITING', 'PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
+export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
+export const TERMINAL_STATUSES: ReadonlySet<ExecutionStatus> = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
+
+export function isTerminal(status: ExecutionStatus): boolean {
+  return TERMINAL_STATUSES.has(status);
+}
+
+/** One requested call, as a client submits it. */
+export interface InvokeCall {
+  /** Registered procedure name, schema-qualified (`demo.add`). */
+  procedure: string;
+  /** Arguments keyed by parameter name. */
+  arguments: Record<string, unknown>;
+  /** Queue name; defaults to the procedure's registered queue. */
+  queue?: string | null;
+  /** Do not start before this instant. */
+  runAt?: Date | null;
+  /** Attempts in all; defaults to the procedure's registration. */
+  maxAttempts?: number | null;
+  /** Who submitted the call (free text, recorded). */
+  submittedBy?: string | null;
+}
+
+export interface ExecutionError {
+  /** SQLSTATE on PostgreSQL, error number on SQL Server (as text). */
+  number: string | null;
+  message: string;
+  severity: number | null;
+  state: number | null;
+  line: number | null;
+}
+
+export interface ExecutionResult {
+  returnValue: unknown;
+  /** OUT / INOUT / OUTPUT parameters keyed by name (no leading `@`). */
+  outputParameters: Record<string, unknown> | null;
+  /** The first result set's rows, capped. */
+  rows: unknown[] | null;
+}
+
+export interface Execution {
+  /** Internal numeric id, as text (stable order: larger is newer). */
+  id: string;
+  token: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  queue: string;
+  status: ExecutionStatus;
+  submittedAt: Date;
+  runAt: Date | null;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+  attempts: number;
+  maxAttempts: number;
+  submittedBy: string | null;
+  error: ExecutionError | null;
+  result: ExecutionResult | null;
+  /** Who ran (or runs) it: worker id on PostgreSQL, `session <spid>` on SQL Server. */
+  worker: string | null;
+  /** Database session that ran it: backend pid (PostgreSQL) or session id (SQL Server). */
+  sessionId: number | null;
+  /** Change cursor of the row's latest status change (sequence value / rowversion as text). */
+  cursor: string;
+}
+
+export type ParameterMode = 'IN' | 'OUT' | 'INOUT';
+
+export interface ProcedureParameter {
+  name: string;
+  /** The database's own type name (`integer`, `nvarchar(50)`, …). */
+  type: string;
+  mode: ParameterMode;
+  hasDefault: boolean;
+  position: number;
+}
+
+export interface Procedure {
+  name: string;
+  parameters: ProcedureParameter[];
+  queue: string;
+  maxAttempts: number;
+  timeoutMs: number | null;
+}
+
+export interface RegisterOptions {
+  queue?: string;
+  maxAttempts?: number;
+  timeoutMs?: number | null;
+}
+
+export interface QueueInfo {
+  name: string;
+  concurrency: number;
+  waiting: number;
+  pending: number;
+  running: number;
+}
+
+export interface ExecutionFilter {
+  status?: ExecutionStatus[] | null;
+  procedure?: string | null;
+  queue?: string | null;
+}
+
+/** Keyset page request over executions, newest first. Cursors are execution ids. */
+export interface PageRequest {
+  first?: number | null;
+  after?: string | null;
+  last?: number | null;
+  before?: string | null;
+}
+
+export interface ExecutionPage {
+  items: Execution[];
+  hasNextPage: boolean;
+  hasPreviousPage: boolean;
+}
+
+/** A status change. Live events carry the status of the change itself; replayed ones the row's latest. */
+export interface ExecutionEvent {
+  cursor: string;
+  status: ExecutionStatus;
+  execution: Execution;
+}
+
+/** Where a listener delivers what it hears. */
+export interface ListenerSink {
+  /** Status changes, in commit order while connected. May repeat a change already delivered. */
+  onEvents(events: ExecutionEvent[]): void;
+  /** The listener reconnected after a loss: anything may have been missed; catch up from the table. */
+  onReconnect(): void;
+  onError(error: Error): void;
+  /** Optional: whether anyone waits for this execution's changes (engines may skip loading the rest). */
+  interested?(executionId: string): boolean;
+}
+
+export interface Closeable {
+  close(): Promise<void>;
+}
+
+export interface ActivatorOptions {
+  /** Identifies this process in `Execution.worker`. */
+  workerId: string;
+  /** Only serve these queues (all when absent). */
+  queues?: string[];
+  onError?: (error: Error) => void;
+}
+
+/** Expected failures, mapped one to one onto GraphQL `extensions.code`. */
+export type EngineErrorCode =
+  | 'UNKNOWN_PROCEDURE'
+  | 'INVALID_ARGUMENTS'
+  | 'UNKNOWN_QUEUE'
+  | 'BAD_USER_INPUT'
+  | 'NOT_FOUND'
+  | 'FORBIDDEN'
+  | 'PAYLOAD_TOO_LARGE';
+
+export class EngineError extends Error {
+  constructor(
+    readonly code: EngineErrorCode,
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+    this.name = 'EngineError';
+  }
+}
+
+/** Coerce an unknown caught value to an Error, keeping the original as cause. */
+export function toError(value: unknown): Error {
+  if (value instanceof Error) return value;
+  return new Error(typeof value === 'string' ? value : JSON.stringify(value), { cause: value });
+}
+
+/**
+ * One database dialect. `Tx` is the engine's transaction handle: a `pg` client
+ * inside BEGIN for PostgreSQL, an `mssql` Transaction for SQL Server.
+ */
+export interface Engine<Tx = unknown> {
+  readonly kind: 'postgres' | 'mssql';
+  /** Apply pending migrations (idempotent, safe when two processes start at once). */
+  migrate(): Promise<void>;
+  /** Install and register the demo procedures (`demo.sleep`, `demo.fail`, `demo.add`, `demo.record`). */
+  installDemo(): Promise<void>;
+  /** Run `fn` in a new transaction: commit when it resolves, roll back when it throws. */
+  withTransaction<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
+  /** Enqueue inside the caller's open transaction; nothing is visible until it commits. */
+  invoke(tx: Tx, call: InvokeCall): Promise<Execution>;
+  getExecution(token: string): Promise<Execution | null>;
+  getExecutions(tokens: readonly string[]): Promise<Execution[]>;
+  listExecutions(filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage>;
+  countExecutions(filter: ExecutionFilter): Promise<number>;
+  /** Changes after `cursor` (all retained when null), oldest first, one per execution, at most `limit`. */
+  eventsSince(cursor: string | null, filter: ExecutionFilter, limit: number): Promise<ExecutionEvent[]>;
+  /** The newest change cursor (where a live stream that replays nothing starts). */
+  latestCursor(): Promise<string | null>;
+  listProcedures(): Promise<Procedure[]>;
+  registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;
+  listQueues(): Promise<QueueInfo[]>;
+  /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */
+  startActivator(options: ActivatorOptions): Promise<Closeable>;
+  /** Start the background listener that feeds completion events. */
+  startListener(sink: ListenerSink): Promise<Closeable>;
+  close(): Promise<void>;
+}

@@ -1,0 +1,261 @@
+import pg from 'pg';
+import type { ActivatorOptions, Closeable } from '../../engine.js';
+import { toError } from '../../engine.js';
+import type { Logger } from '../../logger.js';
+
+/**
+ * The PostgreSQL activator: a pool of worker slots per queue, each on its own
+ * connection. A slot holds a session-level advisory lock naming one of the
+ * queue's `concurrency` slots, so the limit holds across every worker process;
+ * a claimed call is tied to the claiming session by a second advisory lock, so a
+ * dead worker's call is started again within a tick (asyncproc.recover) and a
+ * live one is never started twice.
+ */
+export interface PostgresActivatorOptions extends ActivatorOptions {
+  connectionString: string;
+  logger: Logger;
+  /** Period of the housekeeping tick (recover lost calls, release due ones, fallback wake). @default 1000 */
+  tickMs?: number;
+  /** Finished history older than this is purged. @default 7 days */
+  retentionMs?: number;
+}
+
+const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
+const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
+type SlotClient = pg.Client & { slot?: number };
+const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
+
+function isConnectionError(error: unknown): boolean {
+  const code = (error as { code?: string })?.code;
+  return code === undefined || CONNECTION_ERRORS.has(code) || /terminat|Connection|ECONN|closed/i.test(String(error));
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Something slots can wait on; a signal wakes one waiter, or is kept for the next. */
+class Doorbell {
+  private waiters: (() => void)[] = [];
+  private pending = 0;
+  ring(all = false): void {
+    if (all) {
+      const woken = this.waiters.splice(0);
+      woken.forEach((w) => w());
+      if (!woken.length) this.pending = 1;
+      return;
+    }
+    const waiter = this.waiters.shift();
+    if (waiter) waiter();
+    else this.pending = Math.min(this.pending + 1, 1);
+  }
+  wait(timeoutMs: number): Promise<void> {
+    if (this.pending > 0) {
+      this.pending--;
+      return Promise.resolve();
+    }
+    return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        this.waiters = this.waiters.filter((w) => w !== done);
+        resolve();
+      };
+      const timer = setTimeout(done, timeoutMs);
+      this.waiters.push(done);
+    });
+  }
+}
+
+class QueueWorkers {
+  readonly doorbell = new Doorbell();
+  private readonly slots = new Map<number, Promise<void>>();
+  constructor(
+    readonly name: string,
+    public concurrency: number,
+    private readonly activator: PostgresActivator,
+  ) {
+    this.resize(concurrency);
+  }
+  /** More slots start now; surplus ones end after their current call. */
+  resize(concurrency: number): void {
+    this.concurrency = concurrency;
+    for (let i = 0; i < concurrency; i++) {
+      if (!this.slots.has(i)) this.slots.set(i, this.runSlot(i).finally(() => this.slots.delete(i)));
+    }
+    this.doorbell.ring(true);
+  }
+  done(): Promise<void> {
+    return Promise.all(this.slots.values()).then(() => undefined);
+  }
+
+  private async runSlot(index: number): Promise<void> {
+    const { options } = this.activator;
+    const worker = `${options.workerId}/${this.name}#${index}`;
+    let client: SlotClient | null = null;
+    let backoff = 100;
+    while (!this.activator.stopping && index < this.concurrency) {
+      try {
+        if (!client) {
+          client = await this.activator.connect(`asyncproc worker ${worker}`);
+          backoff = 100;
+        }
+        if (!(await this.acquireSlot(client))) {
+          await this.doorbell.wait(5000);
+          continue;
+        }
+        await this.work(client, worker);
+        await this.doorbell.wait(this.activator.tickMs);
+      } catch (error) {
+        const err = toError(error);
+        options.logger.warn({ err, worker }, 'worker slot lost its connection; reconnecting');
+        options.onError?.(err);
+        await client?.end().catch(() => undefined);
+        client = null;
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, 5000);
+      }
+    }
+    await client?.end().catch(() => undefined);
+  }
+
+  /** Hold one of the queue's slots (session-level lock: released when this connection closes). */
+  private async acquireSlot(client: SlotClient): Promise<boolean> {
+    if (client.slot !== undefined && client.slot < this.concurrency) return true;
+    if (client.slot !== undefined) {
+      await client.query('select pg_advisory_unlock(hashtextextended($1, 0))', [slotName(this.name, client.slot)]);
+      client.slot = undefined;
+    }
+    for (let slot = 0; slot < this.concurrency; slot++) {
+      const { rows } = await client.query<{ ok: boolean }>(SLOT_KEY, [slotName(this.name, slot)]);
+      if (rows[0].ok) {
+        client.slot = slot;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /** Claim and run until the queue has nothing ready for this slot. */
+  private async work(client: pg.Client, worker: string): Promise<void> {
+    let next = (await client.query<{ id: string | null }>('select asyncproc.claim($1, $2) as id', [this.name, worker])).rows[0].id;
+    while (next !== null) {
+      // whoever found work lets one more idle sibling look for more
+      this.doorbell.ring();
+      const current: string = next;
+      try {
+        next = (
+          await client.query<{ id: string | null }>('select asyncproc.run($1, $2, $3) as id', [
+            current,
+            worker,
+            this.activator.stopping ? null : this.name,
+          ])
+        ).rows[0].id;
+      } catch (error) {
+        if (isConnectionError(error)) throw error;
+        // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
+        const err = error as pg.DatabaseError;
+        await client.query(
+          `select asyncproc.finish($1, false, null, $2, $3),
+                  pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key($1))`,
+          [current, err.code ?? null, err.message],
+        );
+        next = null;
+      }
+    }
+  }
+}
+
+export class PostgresActivator implements Closeable {
+  stopping = false;
+  readonly tickMs: number;
+  private readonly queues = new Map<string, QueueWorkers>();
+  private waker: pg.Client | null = null;
+  private ticker: NodeJS.Timeout | null = null;
+  private lastPurge = 0;
+  private housekeeping: Promise<void> = Promise.resolve();
+
+  constructor(readonly options: PostgresActivatorOptions, private readonly pool: pg.Pool) {
+    this.tickMs = options.tickMs ?? 1000;
+  }
+
+  async connect(applicationName: string): Promise<pg.Client> {
+    const client = new pg.Client({
+      connectionString: this.options.connectionString,
+      application_name: applicationName,
+      keepAlive: true,
+    });
+    client.on('error', (error) => this.options.logger.debug({ err: error }, 'worker connection error'));
+    await client.connect();
+    // a killed worker's running statement is abandoned within a second, so its call is recovered promptly
+    await client.query(`set client_connection_check_interval = 1000`).catch(() => undefined);
+    return client;
+  }
+
+  async start(): Promise<void> {
+    await this.listenForWork();
+    await this.refreshQueues();
+    this.ticker = setInterval(() => {
+      this.housekeeping = this.housekeeping.then(() => this.tick());
+    }, this.tickMs);
+  }
+
+  private async listenForWork(): Promise<void> {
+    let backoff = 100;
+    const connect = async (): Promise<void> => {
+      try {
+        const client = await this.connect('asyncproc activator');
+        client.on('notification', (msg) => this.queues.get(msg.payload ?? '')?.doorbell.ring());
+        client.on('error', () => undefined);
+        client.on('end', () => {
+          this.waker = null;
+          if (!this.stopping) setTimeout(() => void connect(), backoff);
+        });
+        await client.query('listen asyncproc_wake');
+        this.waker = client;
+        backoff = 100;
+        // anything enqueued while we were deaf is found now
+        for (const queue of this.queues.values()) queue.doorbell.ring(true);
+      } catch (error) {
+        this.options.onError?.(toError(error));
+        backoff = Math.min(backoff * 2, 5000);
+        if (!this.stopping) setTimeout(() => void connect(), backoff);
+      }
+    };
+    await connect();
+  }
+
+  private async refreshQueues(): Promise<void> {
+    const { rows } = await this.pool.query<{ name: string; concurrency: number }>(
+      'select name, concurrency from asyncproc.queues order by name',
+    );
+    for (const row of rows) {
+      if (this.options.queues && !this.options.queues.includes(row.name)) continue;
+      const existing = this.queues.get(row.name);
+      if (!existing) this.queues.set(row.name, new QueueWorkers(row.name, row.concurrency, this));
+      else if (existing.concurrency !== row.concurrency) existing.resize(row.concurrency);
+    }
+  }
+
+  private async tick(): Promise<void> {
+    if (this.stopping) return;
+    try {
+      await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
+      if (Date.now() - this.lastPurge > 60_000) {
+        this.lastPurge = Date.now();
+        await this.pool.query(`select asyncproc.purge($1::interval)`, [`${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`]);
+        await this.refreshQueues();
+      }
+    } catch (error) {
+      this.options.logger.warn({ err: toError(error) }, 'activator housekeeping failed; will retry');
+    }
+    // a fallback in case a notification was missed
+    for (const queue of this.queues.values()) queue.doorbell.ring();
+  }
+
+  async close(): Promise<void> {
+    this.stopping = true;
+    if (this.ticker) clearInterval(this.ticker);
+    await this.housekeeping;
+    for (const queue of this.queues.values()) queue.doorbell.ring(true);
+    await Promise.all([...this.queues.values()].map((q) => q.done()));
+    await this.waker?.end().catch(() => undefined);
+  }
+}

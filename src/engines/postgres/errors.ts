@@ -1,0 +1,17 @@
+import { EngineError, type EngineErrorCode } from '../../engine.js';
+
+/** SQLSTATEs raised by asyncproc.invoke (sql/postgres/0001_core.sql). */
+const CODES: Record<string, EngineErrorCode> = {
+  AP001: 'UNKNOWN_PROCEDURE',
+  AP002: 'INVALID_ARGUMENTS',
+  AP003: 'UNKNOWN_QUEUE',
+};
+
+/** Our own SQLSTATEs become EngineErrors; anything else passes through unchanged. */
+export function mapDatabaseError(error: unknown): unknown {
+  const code = (error as { code?: unknown })?.code;
+  if (typeof code === 'string' && code in CODES) {
+    return new EngineError(CODES[code], (error as Error).message, { cause: error });
+  }
+  return error;
+}

@@ -1,0 +1,144 @@
+import pg from 'pg';
+import type { ActivatorOptions, Closeable, Engine, ListenerSink, RegisterOptions } from '../../engine.js';
+import type { Logger } from '../../logger.js';
+import { silentLogger } from '../../logger.js';
+import { PostgresActivator } from './activator.js';
+import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
+import { invoke } from './invoke.js';
+import { PostgresListener } from './listener.js';
+import { installDemo, migrate } from './migrator.js';
+import { listProcedures, registerProcedure } from './procedures.js';
+import { listQueues } from './queues.js';
+
+export interface PostgresEngineOptions {
+  connectionString: string;
+  logger?: Logger;
+  /** Size of the query pool (reads and mutations). @default 10 */
+  poolSize?: number;
+  /** Housekeeping period of the activator. @default 1000 */
+  tickMs?: number;
+  /** Finished history is purged after this long. @default 7 days */
+  retentionMs?: number;
+}
+
+// bigint ids and cursors stay strings; timestamps arrive as Date
+pg.types.setTypeParser(pg.types.builtins.INT8, (v) => v);
+
+export type PostgresTransaction = pg.ClientBase;
+
+export class PostgresEngine implements Engine<PostgresTransaction> {
+  readonly kind = 'postgres' as const;
+  readonly pool: pg.Pool;
+  private readonly logger: Logger;
+  private readonly closeables = new Set<Closeable>();
+
+  constructor(readonly options: PostgresEngineOptions) {
+    this.logger = options.logger ?? silentLogger;
+    this.pool = new pg.Pool({
+      connectionString: options.connectionString,
+      max: options.poolSize ?? 10,
+      application_name: 'asyncproc',
+    });
+    this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
+  }
+
+  async migrate(): Promise<void> {
+    const applied = await migrate(this.pool);
+    if (applied.length) this.logger.info({ applied }, 'applied PostgreSQL migrations');
+  }
+
+  installDemo(): Promise<void> {
+    return installDemo(this.pool);
+  }
+
+  async withTransaction<T>(fn: (tx: PostgresTransaction) => Promise<T>): Promise<T> {
+    const client = await this.pool.connect();
+    let broken: Error | undefined;
+    try {
+      await client.query('begin');
+      const result = await fn(client);
+      await client.query('commit');
+      return result;
+    } catch (error) {
+      await client.query('rollback').catch((e) => (broken = e as Error));
+      throw error;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  invoke = invoke;
+
+  async getExecution(token: string) {
+    return (await getExecutions(this.pool, [token]))[0] ?? null;
+  }
+  getExecutions(tokens: readonly string[]) {
+    return getExecutions(this.pool, tokens);
+  }
+  listExecutions(filter: Parameters<typeof listExecutions>[1], page: Parameters<typeof listExecutions>[2]) {
+    return listExecutions(this.pool, filter, page);
+  }
+  countExecutions(filter: Parameters<typeof countExecutions>[1]) {
+    return countExecutions(this.pool, filter);
+  }
+  eventsSince(cursor: string | null, filter: Parameters<typeof eventsSince>[2], limit: number) {
+    return eventsSince(this.pool, cursor, filter, limit);
+  }
+  latestCursor() {
+    return latestCursor(this.pool);
+  }
+  listProcedures() {
+    return listProcedures(this.pool);
+  }
+  registerProcedure(name: string, options?: RegisterOptions) {
+    return registerProcedure(this.pool, name, options);
+  }
+  listQueues() {
+    return listQueues(this.pool);
+  }
+
+  async startActivator(options: ActivatorOptions): Promise<Closeable> {
+    const activator = new PostgresActivator(
+      {
+        ...options,
+        connectionString: this.options.connectionString,
+        logger: this.logger,
+        tickMs: this.options.tickMs,
+        retentionMs: this.options.retentionMs,
+      },
+      this.pool,
+    );
+    await activator.start();
+    return this.track(activator);
+  }
+
+  async startListener(sink: ListenerSink): Promise<PostgresListener> {
+    const listener = new PostgresListener({
+      connectionString: this.options.connectionString,
+      pool: this.pool,
+      sink,
+      logger: this.logger,
+    });
+    await listener.start();
+    return this.track(listener);
+  }
+
+  private track<T extends Closeable>(closeable: T): T {
+    this.closeables.add(closeable);
+    const close = closeable.close.bind(closeable);
+    closeable.close = async () => {
+      this.closeables.delete(closeable);
+      await close();
+    };
+    return closeable;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all([...this.closeables].map((c) => c.close()));
+    await this.pool.end();
+  }
+}
+
+export function createPostgresEngine(options: PostgresEngineOptions): PostgresEngine {
+  return new PostgresEngine(options);
+}

@@ -1,0 +1,54 @@
+import type pg from 'pg';
+import { EngineError, type ParameterMode, type Procedure, type RegisterOptions } from '../../engine.js';
+import { mapDatabaseError } from './errors.js';
+
+interface ProcedureRow {
+  name: string;
+  queue: string;
+  max_attempts: number;
+  timeout_ms: number | null;
+  parameters: { name: string; type: string; mode: ParameterMode; hasDefault: boolean; position: number }[];
+}
+
+export async function listProcedures(pool: pg.Pool): Promise<Procedure[]> {
+  const { rows } = await pool.query<ProcedureRow>(
+    `select r.name, r.queue, r.max_attempts, r.timeout_ms,
+            coalesce((select jsonb_agg(jsonb_build_object('name', p.name, 'type', p.type_name, 'mode', p.mode,
+                                                          'hasDefault', p.has_default, 'position', p.position)
+                                       order by p.position)
+                        from asyncproc.parameters p where p.proc = r.proc and p.mode <> 'TABLE'), '[]') as parameters
+       from asyncproc.procedures r order by r.name`,
+  );
+  return rows.map((r) => ({
+    name: r.name,
+    queue: r.queue,
+    maxAttempts: r.max_attempts,
+    timeoutMs: r.timeout_ms,
+    parameters: r.parameters,
+  }));
+}
+
+/** Register a routine; `name` is a signature (`demo.add(integer, integer, integer)`) or an unambiguous name. */
+export async function registerProcedure(pool: pg.Pool, name: string, options: RegisterOptions = {}): Promise<Procedure> {
+  let registered: string;
+  try {
+    const { rows } = await pool.query<{ name: string }>(
+      `select asyncproc.register(coalesce(to_regprocedure($1), to_regproc($1)::oid::regprocedure), $2, $3, $4) as name`,
+      [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null],
+    );
+    registered = rows[0]?.name;
+  } catch (error) {
+    const mapped = mapDatabaseError(error);
+    if ((error as { code?: string }).code === '42725') {
+      throw new EngineError('BAD_USER_INPUT', `"${name}" is overloaded: give its signature`, { cause: error });
+    }
+    if ((error as { code?: string }).code === '23503') {
+      throw new EngineError('UNKNOWN_QUEUE', `queue "${options.queue}" does not exist`, { cause: error });
+    }
+    throw mapped;
+  }
+  if (!registered) throw new EngineError('UNKNOWN_PROCEDURE', `no routine "${name}" in the database`);
+  const found = (await listProcedures(pool)).find((p) => p.name === registered);
+  if (!found) throw new EngineError('UNKNOWN_PROCEDURE', `no routine "${name}" in the database`);
+  return found;
+}

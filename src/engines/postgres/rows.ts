@@ -1,0 +1,82 @@
+import type { Execution, ExecutionFilter, ExecutionStatus } from '../../engine.js';
+
+/** The columns every execution read selects, in the shape toExecution() expects. */
+export const EXECUTION_COLUMNS = `e.id, e.token, e.procedure, e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
+  e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_message,
+  e.error_detail, e.error_context, e.result, e.worker, e.backend_pid, e.seq`;
+
+export interface ExecutionRow {
+  id: string;
+  token: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  queue: string;
+  status: ExecutionStatus;
+  submitted_at: Date;
+  run_at: Date | null;
+  started_at: Date | null;
+  finished_at: Date | null;
+  attempts: number;
+  max_attempts: number;
+  submitted_by: string | null;
+  error_number: string | null;
+  error_message: string | null;
+  error_detail: string | null;
+  error_context: string | null;
+  result: Execution['result'];
+  worker: string | null;
+  backend_pid: number | null;
+  seq: string;
+}
+
+/** PL/pgSQL reports the line of the failing statement in its context ("… line 3 at RAISE"). */
+function lineOf(context: string | null): number | null {
+  const match = context && /line (\d+)/.exec(context);
+  return match ? Number(match[1]) : null;
+}
+
+export function toExecution(row: ExecutionRow): Execution {
+  const message = row.error_message === null ? null : [row.error_message, row.error_detail].filter(Boolean).join(': ');
+  return {
+    id: row.id,
+    token: row.token,
+    procedure: row.procedure,
+    arguments: row.arguments,
+    queue: row.queue,
+    status: row.status,
+    submittedAt: row.submitted_at,
+    runAt: row.run_at,
+    startedAt: row.started_at,
+    finishedAt: row.finished_at,
+    attempts: row.attempts,
+    maxAttempts: row.max_attempts,
+    submittedBy: row.submitted_by,
+    error:
+      message === null
+        ? null
+        : { number: row.error_number, message, severity: null, state: null, line: lineOf(row.error_context) },
+    result: row.result,
+    worker: row.worker,
+    sessionId: row.backend_pid,
+    cursor: row.seq,
+  };
+}
+
+/** WHERE clause (without the keyword) and parameters for an execution filter, numbering from `offset + 1`. */
+export function filterSql(filter: ExecutionFilter, offset = 0): { where: string; params: unknown[] } {
+  const clauses: string[] = [];
+  const params: unknown[] = [];
+  if (filter.status?.length) {
+    params.push(filter.status);
+    clauses.push(`e.status = any($${offset + params.length}::text[])`);
+  }
+  if (filter.procedure) {
+    params.push(filter.procedure);
+    clauses.push(`e.procedure = $${offset + params.length}`);
+  }
+  if (filter.queue) {
+    params.push(filter.queue);
+    clauses.push(`e.queue = $${offset + params.length}`);
+  }
+  return { where: clauses.length ? clauses.join(' and ') : 'true', params };
+}
