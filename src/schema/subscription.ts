@@ -1,0 +1,30 @@
+import { builder } from './builder.js';
+import { checkToken, guard, toGraphQLError } from './errors.js';
+import { ExecutionEventRef, ExecutionFilterInput, ExecutionRef, toFilter } from './execution.js';
+
+builder.subscriptionFields((t) => ({
+  executionCompleted: t.field({
+    type: ExecutionRef,
+    description: 'One event when the execution finishes (also if it finished before you subscribed), then the stream ends.',
+    args: { token: t.arg.id({ required: true }) },
+    subscribe: (_root, { token }, { hub }) => guard(() => hub.completed(checkToken(String(token)))),
+    resolve: (execution) => execution,
+  }),
+  executionEvents: t.field({
+    type: ExecutionEventRef,
+    description:
+      'Every status change matching the filter. With `after` (an event cursor), first the latest state of everything that changed since, then live.',
+    args: {
+      filter: t.arg({ type: ExecutionFilterInput, required: false }),
+      after: t.arg.string({ required: false }),
+    },
+    subscribe: (_root, { filter, after }, { hub }) => {
+      try {
+        return hub.events(toFilter(filter), after ?? null);
+      } catch (error) {
+        throw toGraphQLError(error);
+      }
+    },
+    resolve: (event) => event,
+  }),
+}));

@@ -1,0 +1,250 @@
+/**
+ * The engine-agnostic conformance suite: every engine must pass it unchanged.
+ * PostgreSQL runs it in `npm test` (conformance.postgres.test.ts); SQL Server
+ * when MSSQL_URL is set (`npm run test:mssql`, conformance.mssql.ts).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { EngineError, isTerminal, type Closeable, type Engine, type Execution, type ExecutionEvent, type InvokeCall } from '../src/engine.js';
+import { waitFor } from './support/database.js';
+
+export interface EngineHarness {
+  /** Migrated, with the demo procedures installed. */
+  engine: Engine<any>;
+  /** Rows of demo.ledger carrying this tag, counted with the engine's own SQL. */
+  ledgerCount(tag: string): Promise<number>;
+  close(): Promise<void>;
+}
+
+const unique = (prefix: string) => `${prefix}-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`;
+
+export function runConformance(name: string, factory: () => Promise<EngineHarness>): void {
+  describe(`conformance: ${name}`, () => {
+    let harness: EngineHarness;
+    let engine: Engine<any>;
+    let activator: Closeable;
+
+    const submit = (calls: InvokeCall[]) =>
+      engine.withTransaction(async (tx) => {
+        const out: Execution[] = [];
+        for (const call of calls) out.push(await engine.invoke(tx, call));
+        return out;
+      });
+    const finished = (tokens: string[], timeoutMs = 30_000) =>
+      waitFor(
+        async () => {
+          const rows = await engine.getExecutions(tokens);
+          return rows.length === tokens.length && rows.every((r) => isTerminal(r.status)) ? rows : null;
+        },
+        timeoutMs,
+        `${tokens.length} executions to finish`,
+      );
+    const expectRefusal = async (call: InvokeCall, code: string, pattern?: RegExp) => {
+      const before = await engine.countExecutions({});
+      await assert.rejects(
+        submit([call]),
+        (error: unknown) => {
+          assert.ok(error instanceof EngineError, `expected an EngineError, got ${String(error)}`);
+          assert.equal(error.code, code);
+          if (pattern) assert.match(error.message, pattern);
+          return true;
+        },
+      );
+      assert.equal(await engine.countExecutions({}), before, 'a refused call enqueues nothing');
+    };
+
+    before(async () => {
+      harness = await factory();
+      engine = harness.engine;
+      activator = await engine.startActivator({ workerId: 'conformance' });
+    });
+    after(async () => {
+      await activator?.close();
+      await harness?.close();
+    });
+
+    it('lists the registered demo procedures with their signatures', async () => {
+      const procedures = await engine.listProcedures();
+      const names = procedures.map((p) => p.name);
+      for (const demo of ['demo.add', 'demo.fail', 'demo.record', 'demo.sleep']) assert.ok(names.includes(demo), demo);
+      const add = procedures.find((p) => p.name === 'demo.add')!;
+      assert.deepEqual(
+        add.parameters.map((p) => [p.name, p.mode]),
+        [
+          ['a', 'IN'],
+          ['b', 'IN'],
+          ['total', 'OUT'],
+        ],
+      );
+      const queues = await engine.listQueues();
+      assert.ok(queues.some((q) => q.name === 'default' && q.concurrency >= 1));
+    });
+
+    it('atomic submit: a rolled-back caller transaction leaves nothing', async () => {
+      const tag = unique('rolled-back');
+      const countBefore = await engine.countExecutions({});
+      let token = '';
+      await assert.rejects(
+        engine.withTransaction(async (tx) => {
+          token = (await engine.invoke(tx, { procedure: 'demo.record', arguments: { tag } })).token;
+          throw new Error('caller changed its mind');
+        }),
+        /caller changed its mind/,
+      );
+      assert.ok(token, 'invoke returned a token inside the transaction');
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      assert.equal(await engine.getExecution(token), null);
+      assert.equal(await engine.countExecutions({}), countBefore);
+      assert.equal(await harness.ledgerCount(tag), 0, 'nothing ran');
+    });
+
+    it('atomic submit: several calls in one transaction commit together', async () => {
+      const tag = unique('together');
+      const executions = await submit([
+        { procedure: 'demo.record', arguments: { tag } },
+        { procedure: 'demo.record', arguments: { tag } },
+      ]);
+      assert.equal(new Set(executions.map((e) => e.token)).size, 2);
+      await finished(executions.map((e) => e.token));
+      assert.equal(await harness.ledgerCount(tag), 2);
+    });
+
+    it('registry: refuses an unregistered or unknown procedure', async () => {
+      await expectRefusal({ procedure: 'demo.nope', arguments: {} }, 'UNKNOWN_PROCEDURE', /demo\.nope/);
+      await expectRefusal({ procedure: 'demo.ledger', arguments: {} }, 'UNKNOWN_PROCEDURE');
+      await expectRefusal({ procedure: "demo.add'; drop table demo.ledger; --", arguments: {} }, 'UNKNOWN_PROCEDURE');
+    });
+
+    it('arguments: refuses unknown keys, missing parameters and values of the wrong type', async () => {
+      await expectRefusal({ procedure: 'demo.add', arguments: { a: 1, b: 2, c: 3 } }, 'INVALID_ARGUMENTS', /"?c"?/);
+      await expectRefusal({ procedure: 'demo.add', arguments: { a: 1 } }, 'INVALID_ARGUMENTS', /b/);
+      await expectRefusal({ procedure: 'demo.add', arguments: { a: 'one', b: 2 } }, 'INVALID_ARGUMENTS', /a/);
+      await expectRefusal({ procedure: 'demo.add', arguments: { a: 1.5, b: 2 } }, 'INVALID_ARGUMENTS', /a/);
+      await expectRefusal({ procedure: 'demo.sleep', arguments: { seconds: { nested: true } } }, 'INVALID_ARGUMENTS');
+      await expectRefusal({ procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue: 'no-such-queue' }, 'UNKNOWN_QUEUE');
+    });
+
+    it('arguments: a refusal in a multi-call transaction rolls back the calls before it', async () => {
+      const tag = unique('all-or-none');
+      const before = await engine.countExecutions({});
+      await assert.rejects(
+        submit([
+          { procedure: 'demo.record', arguments: { tag } },
+          { procedure: 'demo.add', arguments: { a: 'x', b: 1 } },
+        ]),
+        (error: unknown) => error instanceof EngineError && error.code === 'INVALID_ARGUMENTS',
+      );
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      assert.equal(await engine.countExecutions({}), before);
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
+    it('outcome: records status, times, attempts and output parameters', async () => {
+      const [submitted] = await submit([{ procedure: 'demo.add', arguments: { a: 40, b: 2 }, submittedBy: 'conformance' }]);
+      assert.ok(['PENDING', 'RUNNING', 'SUCCEEDED'].includes(submitted.status));
+      assert.equal(submitted.procedure, 'demo.add');
+      assert.deepEqual(submitted.arguments, { a: 40, b: 2 });
+      const [done] = await finished([submitted.token]);
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.equal(done.attempts, 1);
+      assert.equal(done.submittedBy, 'conformance');
+      assert.equal(done.error, null);
+      assert.deepEqual(done.result?.outputParameters, { total: 42 });
+      assert.ok(done.startedAt && done.finishedAt && done.startedAt <= done.finishedAt);
+      assert.ok(done.submittedAt <= done.startedAt);
+      assert.ok(done.worker, 'records who ran it');
+      assert.ok(done.sessionId, 'records the database session that ran it');
+    });
+
+    it('errors: a failing call is recorded FAILED with its message, and the queue goes on', async () => {
+      const tag = unique('after-failure');
+      const message = unique('boom');
+      const executions = await submit([
+        { procedure: 'demo.fail', arguments: { message } },
+        { procedure: 'demo.record', arguments: { tag } },
+      ]);
+      const [failed, next] = await finished(executions.map((e) => e.token)).then((rows) =>
+        executions.map((e) => rows.find((r) => r.token === e.token)!),
+      );
+      assert.equal(failed.status, 'FAILED');
+      assert.ok(failed.error, 'error recorded');
+      assert.match(failed.error!.message, new RegExp(message));
+      assert.ok(failed.error!.number, 'error number/SQLSTATE recorded');
+      assert.equal(failed.result, null);
+      assert.equal(next.status, 'SUCCEEDED');
+      assert.equal(await harness.ledgerCount(tag), 1);
+    });
+
+    it('concurrency: a queue never runs more calls at once than its limit, and runs them in parallel', async () => {
+      const queue = (await engine.listQueues()).find((q) => q.name === 'default')!;
+      const calls = Array.from({ length: queue.concurrency + 5 }, () => ({
+        procedure: 'demo.sleep',
+        arguments: { seconds: 0.6 },
+      }));
+      const rows = await finished((await submit(calls)).map((e) => e.token), 60_000);
+      const edges = rows.flatMap((r) => [
+        { at: r.startedAt!.getTime(), delta: 1 },
+        { at: r.finishedAt!.getTime(), delta: -1 },
+      ]);
+      edges.sort((x, y) => x.at - y.at || x.delta - y.delta);
+      let running = 0;
+      let peak = 0;
+      for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'));
+      assert.ok(peak <= queue.concurrency, `peak ${peak} exceeds the limit ${queue.concurrency}`);
+      assert.ok(peak >= Math.min(2, queue.concurrency), `peak ${peak}: calls did not run in parallel`);
+    });
+
+    it('exactly once: every call takes effect once', async () => {
+      const tag = unique('once');
+      const executions = await submit(Array.from({ length: 40 }, () => ({ procedure: 'demo.record', arguments: { tag } })));
+      const rows = await finished(executions.map((e) => e.token));
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED' && r.attempts === 1));
+      assert.equal(await harness.ledgerCount(tag), 40);
+    });
+
+    it('history: executions list newest first, filter, count and page', async () => {
+      const tag = unique('page');
+      const executions = await submit(Array.from({ length: 5 }, () => ({ procedure: 'demo.record', arguments: { tag } })));
+      await finished(executions.map((e) => e.token));
+      const first = await engine.listExecutions({ procedure: 'demo.record' }, { first: 3 });
+      assert.equal(first.items.length, 3);
+      assert.ok(first.hasNextPage);
+      assert.equal(first.items[0].token, executions[4].token, 'newest first');
+      const ids = first.items.map((e) => BigInt(e.id));
+      assert.deepEqual([...ids].sort((a, b) => (a > b ? -1 : 1)), ids);
+      const second = await engine.listExecutions({ procedure: 'demo.record' }, { first: 2, after: first.items[2].id });
+      assert.equal(second.items[0].token, executions[1].token);
+      assert.ok(second.hasPreviousPage);
+      const failed = await engine.listExecutions({ status: ['FAILED'] }, { first: 50 });
+      assert.ok(failed.items.length > 0 && failed.items.every((e) => e.status === 'FAILED'));
+      const total = await engine.countExecutions({ procedure: 'demo.record' });
+      assert.ok(total >= 5);
+      assert.equal(await engine.countExecutions({ procedure: 'demo.nothing-like-this' }), 0);
+    });
+
+    it('events: the listener hears every status change, and the table replays what changed after a cursor', async () => {
+      const heard: ExecutionEvent[] = [];
+      const listener = await engine.startListener({
+        onEvents: (events) => heard.push(...events),
+        onReconnect: () => undefined,
+        onError: () => undefined,
+      });
+      try {
+        const cursor = await engine.latestCursor();
+        const [execution] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }]);
+        await finished([execution.token]);
+        await waitFor(async () => heard.some((e) => e.execution.token === execution.token && e.status === 'SUCCEEDED'), 10_000, 'completion event');
+        const replayed = await engine.eventsSince(cursor, {}, 100);
+        const mine = replayed.filter((e) => e.execution.token === execution.token);
+        assert.equal(mine.length, 1, 'one replayed change per execution: its latest');
+        assert.equal(mine[0].status, 'SUCCEEDED');
+        const filtered = await engine.eventsSince(cursor, { procedure: 'demo.record' }, 100);
+        assert.ok(filtered.every((e) => e.execution.procedure === 'demo.record'));
+        assert.deepEqual(await engine.eventsSince(await engine.latestCursor(), {}, 100), []);
+      } finally {
+        await listener.close();
+      }
+    });
+  });
+}

@@ -1,0 +1,71 @@
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { startEmbeddedPostgres, type EmbeddedServer } from '../../src/embeddedPostgres.js';
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export interface TestCluster {
+  server: EmbeddedServer;
+  /** A fresh, empty database on the cluster; returns its URL. */
+  createDatabase(name?: string): Promise<string>;
+  /** A client on the given URL (closed by the caller). */
+  connect(url: string): Promise<pg.Client>;
+  stop(): Promise<void>;
+}
+
+let counter = 0;
+
+/** A real PostgreSQL cluster for one test file, in its own temporary folder, on a free port. */
+export async function startTestCluster(): Promise<TestCluster> {
+  const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-test-'));
+  await chmod(dir, 0o755); // the server runs as `postgres` when tests run as root
+  const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
+  const connect = async (url: string) => {
+    const client = new pg.Client({ connectionString: url });
+    client.on('error', () => undefined);
+    await client.connect();
+    return client;
+  };
+  return {
+    server,
+    connect,
+    async createDatabase(name = `t${process.pid}_${++counter}`) {
+      const admin = await connect(server.url);
+      try {
+        await admin.query(`create database ${admin.escapeIdentifier(name)}`);
+      } finally {
+        await admin.end();
+      }
+      return server.url.replace(/\/postgres$/, `/${name}`);
+    },
+    async stop() {
+      await server.stop();
+      await rm(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Poll until `check` returns a truthy value or the deadline passes. */
+export async function waitFor<T>(check: () => Promise<T | null | undefined | false>, timeoutMs = 15_000, what = 'condition'): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(50);
+  }
+}
