@@ -1,0 +1,262 @@
+/** GraphQL end to end: the real server over HTTP, graphql-ws and SSE, on a real PostgreSQL. */
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import { after, before, describe, it } from 'node:test';
+import { printedSchema } from '../src/schema/index.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const EXECUTION = `token procedure arguments queue status attempts submittedAt startedAt finishedAt submittedBy worker sessionId
+  error { number message } result { returnValue outputParameters rows }`;
+
+let cluster: TestCluster;
+let t: TestApp;
+
+before(async () => {
+  cluster = await startTestCluster();
+  t = await startTestApp(await cluster.createDatabase(), {
+    ASYNCPROC_MAX_BODY_BYTES: '20000',
+    ASYNCPROC_MAX_CALLS: '5',
+    ASYNCPROC_MAX_ARGUMENT_BYTES: '1000',
+  });
+});
+after(async () => {
+  await t?.stop();
+  await cluster?.stop();
+});
+
+async function total(filter: Record<string, unknown> = {}): Promise<number> {
+  const { body } = await t.gql(`query($f: ExecutionFilter) { executions(filter: $f) { totalCount } }`, { f: filter });
+  return body.data.executions.totalCount;
+}
+
+async function invoke(input: Record<string, unknown>, headers?: Record<string, string>) {
+  return t.gql(`mutation($input: InvokeInput!) { invoke(input: $input) { execution { ${EXECUTION} } } }`, { input }, headers);
+}
+
+async function finished(token: string) {
+  return waitFor(async () => {
+    const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { ${EXECUTION} } }`, { t: token });
+    const e = body.data?.execution;
+    return e && ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(e.status) ? e : null;
+  });
+}
+
+/** A GraphQL error with this code, answered with HTTP 200 (or 413), and nothing enqueued. */
+async function expectCode(code: string, run: () => Promise<{ status: number; body: any }>, status = 200) {
+  const before = await total();
+  const { status: httpStatus, body } = await run();
+  assert.equal(httpStatus, status, JSON.stringify(body));
+  assert.ok(body.errors?.length, `expected errors, got ${JSON.stringify(body)}`);
+  assert.equal(body.errors[0].extensions?.code, code, JSON.stringify(body.errors));
+  assert.ok(body.errors[0].message.length > 0);
+  assert.equal(await total(), before, 'nothing enqueued');
+  return body.errors[0];
+}
+
+describe('queries and mutations over HTTP', () => {
+  it('invoke returns the token at once; the execution runs and its outcome is queryable', async () => {
+    const { status, body } = await invoke({ procedure: 'demo.add', arguments: { a: 20, b: 22 } }, { 'x-asyncproc-user': 'spa-user' });
+    assert.equal(status, 200);
+    const submitted = body.data.invoke.execution;
+    assert.match(submitted.token, /^[0-9a-f-]{36}$/);
+    assert.equal(submitted.procedure, 'demo.add');
+    assert.deepEqual(submitted.arguments, { a: 20, b: 22 });
+    assert.equal(submitted.queue, 'default');
+    assert.equal(submitted.submittedBy, 'spa-user');
+    const done = await finished(submitted.token);
+    assert.equal(done.status, 'SUCCEEDED');
+    assert.deepEqual(done.result.outputParameters, { total: 42 });
+    assert.equal(done.attempts, 1);
+    assert.ok(Date.parse(done.startedAt) <= Date.parse(done.finishedAt));
+  });
+
+  it('a failing call is FAILED with its error', async () => {
+    const { body } = await invoke({ procedure: 'demo.fail', arguments: { message: 'kaput' } });
+    const done = await finished(body.data.invoke.execution.token);
+    assert.equal(done.status, 'FAILED');
+    assert.equal(done.error.message, 'kaput');
+    assert.equal(done.error.number, 'P0001');
+  });
+
+  it('invokeMany submits all in one transaction, or nothing', async () => {
+    const ok = await t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token status } } }`, {
+      i: [
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 } },
+        { procedure: 'demo.record', arguments: { tag: 'many' } },
+      ],
+    });
+    assert.equal(ok.body.data.invokeMany.executions.length, 2);
+    await expectCode('INVALID_ARGUMENTS', () =>
+      t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, {
+        i: [
+          { procedure: 'demo.record', arguments: { tag: 'never' } },
+          { procedure: 'demo.add', arguments: { a: 'x', b: 2 } },
+        ],
+      }),
+    );
+  });
+
+  it('executions: a Relay connection, newest first, filtered, with totalCount', async () => {
+    const tokens: string[] = [];
+    for (let i = 0; i < 3; i++) tokens.push((await invoke({ procedure: 'demo.record', arguments: { tag: `page-${i}` } })).body.data.invoke.execution.token);
+    const { body } = await t.gql(`{ executions(first: 2, filter: { procedure: "demo.record" }) {
+      totalCount edges { cursor node { token procedure } } pageInfo { hasNextPage hasPreviousPage startCursor endCursor } } }`);
+    const conn = body.data.executions;
+    assert.ok(conn.totalCount >= 3);
+    assert.deepEqual(conn.edges.map((e: any) => e.node.token), [tokens[2], tokens[1]]);
+    assert.ok(conn.edges.every((e: any) => e.node.procedure === 'demo.record'));
+    assert.equal(conn.pageInfo.hasNextPage, true);
+    const next = await t.gql(`query($a: String) { executions(first: 1, after: $a, filter: { procedure: "demo.record" }) { edges { node { token } } pageInfo { hasPreviousPage } } }`, {
+      a: conn.pageInfo.endCursor,
+    });
+    assert.equal(next.body.data.executions.edges[0].node.token, tokens[0]);
+    assert.equal(next.body.data.executions.pageInfo.hasPreviousPage, true);
+    const failed = await t.gql(`{ executions(filter: { status: [FAILED] }) { edges { node { status } } } }`);
+    assert.ok(failed.body.data.executions.edges.every((e: any) => e.node.status === 'FAILED'));
+  });
+
+  it('procedures and queues describe what can be invoked and where', async () => {
+    const { body } = await t.gql(`{ procedures { name queue maxAttempts parameters { name type mode hasDefault position } } queues { name concurrency pending running } }`);
+    const add = body.data.procedures.find((p: any) => p.name === 'demo.add');
+    assert.deepEqual(add.parameters, [
+      { name: 'a', type: 'integer', mode: 'IN', hasDefault: false, position: 1 },
+      { name: 'b', type: 'integer', mode: 'IN', hasDefault: false, position: 2 },
+      { name: 'total', type: 'integer', mode: 'OUT', hasDefault: false, position: 3 },
+    ]);
+    const queue = body.data.queues.find((q: any) => q.name === 'default');
+    assert.equal(queue.concurrency, 10);
+    assert.equal(typeof queue.pending, 'number');
+  });
+
+  it('GraphiQL is served on /graphql to a browser', async () => {
+    const response = await fetch(t.url, { headers: { accept: 'text/html' } });
+    assert.equal(response.status, 200);
+    assert.match(await response.text(), /graphiql/i);
+  });
+});
+
+describe('bad input: a coded error, never a 500, nothing enqueued', () => {
+  it('UNKNOWN_PROCEDURE', () => expectCode('UNKNOWN_PROCEDURE', () => invoke({ procedure: 'demo.nope' })));
+  it('UNKNOWN_PROCEDURE for a routine that exists but is not registered', () =>
+    expectCode('UNKNOWN_PROCEDURE', () => invoke({ procedure: 'pg_catalog.pg_sleep', arguments: { seconds: 1 } })));
+  it('INVALID_ARGUMENTS: wrong type, unknown key, missing parameter, not an object', async () => {
+    const error = await expectCode('INVALID_ARGUMENTS', () => invoke({ procedure: 'demo.add', arguments: { a: 'x', b: 1, z: 1 } }));
+    assert.match(error.message, /"a"/);
+    assert.match(error.message, /"z"/);
+    await expectCode('INVALID_ARGUMENTS', () => invoke({ procedure: 'demo.add', arguments: { a: 1 } }));
+    await expectCode('INVALID_ARGUMENTS', () => invoke({ procedure: 'demo.add', arguments: [1, 2] }));
+    await expectCode('INVALID_ARGUMENTS', () => invoke({ procedure: 'demo.add', arguments: 'a=1' }));
+  });
+  it('UNKNOWN_QUEUE', () => expectCode('UNKNOWN_QUEUE', () => invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 }, queue: 'nowhere' })));
+  it('BAD_USER_INPUT: a malformed token or cursor', async () => {
+    await expectCode('BAD_USER_INPUT', () => t.gql(`{ execution(token: "not-a-token") { token } }`));
+    await expectCode('BAD_USER_INPUT', () => t.gql(`{ executions(after: "x'; --") { totalCount } }`));
+  });
+  it('an unknown token reads as null', async () => {
+    const { body } = await t.gql(`{ execution(token: "00000000-0000-4000-8000-000000000000") { token } }`);
+    assert.equal(body.data.execution, null);
+    assert.equal(body.errors, undefined);
+  });
+  it('PAYLOAD_TOO_LARGE: too large a body, too many calls, too large arguments', async () => {
+    await expectCode('PAYLOAD_TOO_LARGE', () => invoke({ procedure: 'demo.record', arguments: { tag: 'x'.repeat(30_000) } }), 413);
+    await expectCode('PAYLOAD_TOO_LARGE', () => invoke({ procedure: 'demo.record', arguments: { tag: 'x'.repeat(2000) } }));
+    await expectCode('PAYLOAD_TOO_LARGE', () =>
+      t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, {
+        i: Array.from({ length: 6 }, () => ({ procedure: 'demo.noop' })),
+      }),
+    );
+  });
+  it('a malformed query is a GraphQL error, not a 500', async () => {
+    const { status, body } = await t.gql(`{ executions( }`);
+    assert.ok(status < 500);
+    assert.ok(body.errors.length);
+  });
+});
+
+describe('subscriptions', () => {
+  it('executionCompleted over graphql-ws: one event when it finishes, then the stream ends', async () => {
+    const { body } = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 0.5 } });
+    const token = body.data.invoke.execution.token;
+    const results = await collect(t.ws().iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { token status finishedAt } }`, variables: { t: token } }));
+    assert.equal(results.length, 1);
+    assert.equal((results[0].data as any).executionCompleted.token, token);
+    assert.equal((results[0].data as any).executionCompleted.status, 'SUCCEEDED');
+  });
+
+  it('executionCompleted after the execution already finished still delivers it (graphql-ws and SSE)', async () => {
+    const { body } = await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 } });
+    const token = body.data.invoke.execution.token;
+    await finished(token);
+    const query = `subscription($t: ID!) { executionCompleted(token: $t) { status result { outputParameters } } }`;
+    for (const client of [t.ws(), t.sse()]) {
+      const results = await collect(client.iterate({ query, variables: { t: token } }));
+      assert.equal(results.length, 1);
+      assert.deepEqual((results[0].data as any).executionCompleted, { status: 'SUCCEEDED', result: { outputParameters: { total: 2 } } });
+    }
+  });
+
+  it('executionCompleted over SSE while the call runs', async () => {
+    const { body } = await invoke({ procedure: 'demo.fail', arguments: { message: 'sse-fail' } });
+    const token = body.data.invoke.execution.token;
+    const results = await collect(t.sse().iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status error { message } } }`, variables: { t: token } }));
+    assert.deepEqual(results.map((r) => r.data), [{ executionCompleted: { status: 'FAILED', error: { message: 'sse-fail' } } }]);
+  });
+
+  it('executionCompleted: NOT_FOUND for an unknown token, BAD_USER_INPUT for a malformed one', async () => {
+    for (const [token, code] of [
+      ['00000000-0000-4000-8000-000000000000', 'NOT_FOUND'],
+      ['nope', 'BAD_USER_INPUT'],
+    ]) {
+      const results = await collect(t.ws().iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: token } })).catch((errors) => [{ errors }]);
+      const errors = (results[0] as any).errors;
+      assert.equal(errors[0].extensions.code, code, JSON.stringify(errors));
+    }
+  });
+
+  it('executionEvents: every status change live, then a replay from a cursor', async () => {
+    const filter = { procedure: 'demo.record' };
+    const query = `subscription($f: ExecutionFilter, $after: String) { executionEvents(filter: $f, after: $after) { cursor status execution { token procedure status } } }`;
+    const live = t.ws().iterate({ query, variables: { f: filter } });
+    const seen: any[] = [];
+    const reading = (async () => {
+      for await (const result of live) {
+        seen.push((result.data as any).executionEvents);
+        if (seen.some((e) => e.status === 'SUCCEEDED')) break;
+      }
+    })();
+    await new Promise((resolve) => setTimeout(resolve, 300)); // let the subscription start
+    const token = (await invoke({ procedure: 'demo.record', arguments: { tag: 'events' } })).body.data.invoke.execution.token;
+    await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 2 } }); // filtered out
+    await reading;
+    assert.deepEqual(
+      seen.map((e) => [e.execution.token, e.status]),
+      [
+        [token, 'PENDING'],
+        [token, 'RUNNING'],
+        [token, 'SUCCEEDED'],
+      ],
+    );
+    assert.ok(seen.every((e) => e.execution.procedure === 'demo.record'));
+
+    // while nobody listens, two more calls finish; a client resuming from its cursor gets them
+    const cursor = seen.at(-1).cursor;
+    const missed = [
+      (await invoke({ procedure: 'demo.record', arguments: { tag: 'missed-1' } })).body.data.invoke.execution.token,
+      (await invoke({ procedure: 'demo.record', arguments: { tag: 'missed-2' } })).body.data.invoke.execution.token,
+    ];
+    for (const m of missed) await finished(m);
+    const replayed = await collect(t.ws().iterate({ query, variables: { f: filter, after: cursor } }), 2);
+    assert.deepEqual(
+      replayed.map((r) => [(r.data as any).executionEvents.execution.token, (r.data as any).executionEvents.status]),
+      missed.map((m) => [m, 'SUCCEEDED']),
+    );
+  });
+});
+
+describe('schema', () => {
+  it('schema/schema.graphql is what the code prints', async () => {
+    const onDisk = await readFile(new URL('../schema/schema.graphql', import.meta.url), 'utf8');
+    assert.equal(onDisk, printedSchema(), 'run `npm run schema:print` and commit schema/schema.graphql');
+  });
+});

@@ -1,0 +1,60 @@
+import { Client as SseClient, createClient as createSseClient } from 'graphql-sse';
+import { createClient as createWsClient, type Client as WsClient } from 'graphql-ws';
+import WebSocket from 'ws';
+import { startApp, type App } from '../../src/app.js';
+import { loadConfig } from '../../src/config.js';
+import { silentLogger } from '../../src/logger.js';
+
+export interface TestApp {
+  app: App;
+  url: string;
+  /** POST a GraphQL operation over real HTTP. */
+  gql<T = any>(query: string, variables?: Record<string, unknown>, headers?: Record<string, string>): Promise<{ status: number; body: { data?: T; errors?: any[] } }>;
+  ws(): WsClient;
+  sse(): SseClient<false>;
+  stop(): Promise<void>;
+}
+
+/** The real service (HTTP + graphql-ws + SSE) on a free port, against `databaseUrl`. */
+export async function startTestApp(databaseUrl: string, env: Record<string, string> = {}): Promise<TestApp> {
+  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', ASYNCPROC_DEMO: 'true', ...env });
+  const app = await startApp(config, silentLogger);
+  const url = app.server!.url;
+  const clients: { dispose(): void | Promise<void> }[] = [];
+  return {
+    app,
+    url,
+    async gql(query, variables, headers = {}) {
+      const response = await fetch(url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', accept: 'application/graphql-response+json, application/json', ...headers },
+        body: JSON.stringify({ query, variables }),
+      });
+      return { status: response.status, body: await response.json() };
+    },
+    ws() {
+      const client = createWsClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0 });
+      clients.push(client);
+      return client;
+    },
+    sse() {
+      const client = createSseClient({ url, retryAttempts: 0 });
+      clients.push(client);
+      return client;
+    },
+    async stop() {
+      for (const client of clients) await client.dispose();
+      await app.stop();
+    },
+  };
+}
+
+/** Collect every result of a subscription until it completes (or `count` results arrived). */
+export async function collect<T>(iterator: AsyncIterableIterator<T>, count = Infinity): Promise<T[]> {
+  const results: T[] = [];
+  for await (const result of iterator) {
+    results.push(result);
+    if (results.length >= count) break;
+  }
+  return results;
+}
