@@ -1,0 +1,210 @@
+/**
+ * Faults on purpose: a worker killed mid-call, a live claim that must not run twice,
+ * the service stopped (and killed) with work pending, the listener's connection cut.
+ * Every submitted execution must end exactly once and every subscriber must hear it.
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import type pg from 'pg';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { collect, startTestApp } from './support/app.js';
+import { freePort, sleep, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+let cluster: TestCluster;
+let url: string;
+let engine: PostgresEngine;
+let sql: pg.Client;
+
+before(async () => {
+  cluster = await startTestCluster();
+  url = await cluster.createDatabase();
+  engine = createPostgresEngine({ connectionString: url });
+  await engine.migrate();
+  await engine.installDemo();
+  sql = await cluster.connect(url);
+  await sql.query(`create schema faults;
+    create procedure faults.record_then_sleep(tag text, seconds double precision) language plpgsql as $$
+    begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+    select asyncproc.register('faults.record_then_sleep(text, double precision)');`);
+});
+after(async () => {
+  await sql?.end();
+  await engine?.close();
+  await cluster?.stop();
+});
+
+/** Run the CLI (`worker` or `serve`) as a separate process against the test database. */
+function cli(command: 'worker' | 'serve', env: Record<string, string> = {}): ChildProcess {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', command], {
+    cwd: ROOT,
+    env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  return child;
+}
+
+async function stopChild(child: ChildProcess, signal: NodeJS.Signals): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill(signal);
+  await exited;
+}
+
+const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
+const statusOf = async (token: string) => (await engine.getExecution(token))!;
+
+async function invokeSql(calls: [string, Record<string, unknown>][]): Promise<string[]> {
+  // a backend service's own transaction, in plain SQL
+  await sql.query('begin');
+  const tokens: string[] = [];
+  for (const [procedure, args] of calls) {
+    tokens.push((await sql.query('select asyncproc.invoke($1, $2::jsonb) as token', [procedure, JSON.stringify(args)])).rows[0].token);
+  }
+  await sql.query('commit');
+  return tokens;
+}
+
+const allFinished = (tokens: string[], timeoutMs = 30_000) =>
+  waitFor(
+    async () => {
+      const rows = await engine.getExecutions(tokens);
+      return rows.every((r) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(r.status)) ? rows : null;
+    },
+    timeoutMs,
+    'every execution to finish',
+  );
+
+describe('faults', () => {
+  it('a call claimed by a live session is never started again; once that session dies it is', async () => {
+    const [token] = await invokeSql([['demo.record', { tag: 'live-claim' }]]);
+    const claimer = await cluster.connect(url);
+    const { rows } = await claimer.query(`select asyncproc.claim('default', 'test-claimer') as id`);
+    assert.ok(rows[0].id, 'claimed');
+    assert.equal((await statusOf(token)).status, 'RUNNING');
+    assert.equal((await sql.query('select asyncproc.recover() as n')).rows[0].n, 0, 'a live claim is not recovered');
+    assert.equal((await statusOf(token)).status, 'RUNNING');
+
+    await claimer.end(); // the "worker" dies without finishing
+    await waitFor(async () => (await sql.query('select asyncproc.recover() as n')).rows[0].n === 1, 5000, 'recovery');
+    const recovered = await statusOf(token);
+    assert.equal(recovered.status, 'PENDING');
+    assert.equal(recovered.attempts, 0);
+
+    const activator = await engine.startActivator({ workerId: 'after-claimer' });
+    try {
+      const [done] = await allFinished([token]);
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.equal(await ledger('live-claim'), 1);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a worker killed with SIGKILL mid-call: the call completes exactly once afterwards, within seconds', async () => {
+    const tag = 'sigkill-worker';
+    const doomed = cli('worker');
+    try {
+      const [token] = await invokeSql([['faults.record_then_sleep', { tag, seconds: 4 }]]);
+      const running = await waitFor(async () => {
+        const e = await statusOf(token);
+        return e.status === 'RUNNING' && e.worker?.includes(`:${doomed.pid}/`) ? e : null;
+      }, 20_000, 'the child worker to start the call');
+      assert.equal(running.attempts, 1);
+      await stopChild(doomed, 'SIGKILL');
+      const killedAt = Date.now();
+
+      const survivor = cli('worker');
+      try {
+        const [done] = await allFinished([token], 30_000);
+        const recoveredIn = Date.now() - killedAt;
+        assert.equal(done.status, 'SUCCEEDED');
+        assert.ok(!done.worker?.includes(`:${doomed.pid}/`), 'finished by another worker');
+        assert.equal(done.attempts, 1, 'the lost run does not use up an attempt');
+        assert.equal(await ledger(tag), 1, 'the killed run left no effect; the rerun one');
+        assert.ok(recoveredIn < 15_000, `recovered in ${recoveredIn} ms`);
+      } finally {
+        await stopChild(survivor, 'SIGTERM');
+      }
+    } finally {
+      await stopChild(doomed, 'SIGKILL');
+    }
+  });
+
+  it('the service stopped (SIGTERM) and killed (SIGKILL) with work pending: everything completes exactly once after restarts', async () => {
+    const tag = 'restarts';
+    const tokens = await invokeSql(Array.from({ length: 40 }, () => ['faults.record_then_sleep', { tag, seconds: 0.3 }] as [string, Record<string, unknown>]));
+    const port = String(await freePort());
+    const someDone = (n: number) =>
+      waitFor(async () => (await engine.countExecutions({ status: ['SUCCEEDED'], procedure: 'faults.record_then_sleep' })) >= n, 30_000, `${n} done`);
+
+    const first = cli('serve', { PORT: port });
+    await someDone(5);
+    await stopChild(first, 'SIGTERM');
+    const afterStop = await engine.getExecutions(tokens);
+    assert.ok(afterStop.some((e) => e.status === 'PENDING'), 'work was still pending when the service stopped');
+    assert.ok(!afterStop.some((e) => e.status === 'RUNNING'), 'a graceful stop finishes the calls it runs');
+
+    const second = cli('serve', { PORT: port });
+    await someDone(20);
+    await stopChild(second, 'SIGKILL');
+
+    const third = cli('serve', { PORT: port });
+    try {
+      const rows = await allFinished(tokens, 60_000);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.filter((r) => r.status !== 'SUCCEEDED')));
+      assert.equal(await ledger(tag), 40, 'each call took effect exactly once');
+    } finally {
+      await stopChild(third, 'SIGTERM');
+    }
+  });
+
+  it("the listener's connection cut (and kept out): subscribers still get every completion", async () => {
+    const dbName = new URL(url).pathname.slice(1);
+    const admin = await cluster.connect(cluster.server.url);
+    const app = await startTestApp(url);
+    try {
+      const tokens = await invokeSql(Array.from({ length: 5 }, () => ['demo.sleep', { seconds: 1.5 }] as [string, Record<string, unknown>]));
+      await waitFor(async () => (await engine.getExecutions(tokens)).every((e) => e.status === 'RUNNING'), 10_000, 'all running');
+      const client = app.ws();
+      const completions = tokens.map((token) =>
+        collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`, variables: { t: token } })),
+      );
+      const events: any[] = [];
+      const stream = client.iterate({ query: `subscription { executionEvents(filter: { procedure: "demo.sleep", status: [SUCCEEDED] }) { status execution { token } } }` });
+      const reading = (async () => {
+        for await (const r of stream) {
+          events.push((r.data as any).executionEvents);
+          if (new Set(events.map((e) => e.execution.token)).size === tokens.length) break;
+        }
+      })();
+      await waitFor(async () => app.app.hub!.size === tokens.length + 1, 5000, 'subscriptions registered');
+
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections false`);
+      const cut = await admin.query(
+        `select pg_terminate_backend(pid) from pg_stat_activity where datname = $1 and application_name = 'asyncproc listener'`,
+        [dbName],
+      );
+      assert.equal(cut.rowCount, 1, 'the listener connection was cut');
+      await allFinished(tokens, 20_000);
+      await sleep(300);
+      assert.equal(events.length, 0, 'nothing could be heard while the listener was out');
+
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`);
+      const results = await Promise.all(completions);
+      for (const [i, result] of results.entries()) {
+        assert.deepEqual(result.map((r) => r.data), [{ executionCompleted: { token: tokens[i], status: 'SUCCEEDED' } }]);
+      }
+      await reading;
+      assert.deepEqual(new Set(events.map((e) => e.execution.token)), new Set(tokens));
+    } finally {
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`).catch(() => undefined);
+      await admin.end();
+      await app.stop();
+    }
+  });
+});
