@@ -83,7 +83,7 @@ describe('faults', () => {
   it('a call claimed by a live session is never started again; once that session dies it is', async () => {
     const [token] = await invokeSql([['demo.record', { tag: 'live-claim' }]]);
     const claimer = await cluster.connect(url);
-    const { rows } = await claimer.query(`select asyncproc.claim('default', 'test-claimer') as id`);
+    const { rows } = await claimer.query(`select id from asyncproc.claim('default', 'test-claimer')`);
     assert.ok(rows[0].id, 'claimed');
     assert.equal((await statusOf(token)).status, 'RUNNING');
     assert.equal((await sql.query('select asyncproc.recover() as n')).rows[0].n, 0, 'a live claim is not recovered');

@@ -170,7 +170,7 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
   it('a malformed query is a GraphQL error, not a 500', async () => {
     const { status, body } = await t.gql(`{ executions( }`);
     assert.ok(status < 500);
-    assert.ok(body.errors.length);
+    assert.ok(body.errors!.length);
   });
 });
 

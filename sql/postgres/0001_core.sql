@@ -47,12 +47,19 @@ create table asyncproc.executions (
   stage          integer,
   seq            bigint not null default nextval('asyncproc.change_seq')
 );
--- The claim reads only ready rows: keep that index small.
-create index executions_ready on asyncproc.executions (queue, id) where status = 'PENDING';
 create index executions_active on asyncproc.executions (queue, status) where status in ('RUNNING', 'WAITING');
 create index executions_seq on asyncproc.executions (seq);
 create index executions_procedure on asyncproc.executions (procedure, id);
 create index executions_finished on asyncproc.executions (finished_at) where finished_at is not null;
+
+-- The hot table: one row per PENDING execution, in claim order. Claims scan only this
+-- (a partial index on executions loses to its primary key once statistics say most
+-- rows are pending, and the claim then walks every finished row).
+create table asyncproc.ready (
+  queue text not null,
+  id    bigint not null,
+  primary key (queue, id)
+);
 
 -- Parameters of every routine, read from the catalog. Defaults belong to the last pronargdefaults input arguments.
 create view asyncproc.parameters as
@@ -89,18 +96,33 @@ language sql stable as $$
   from pg_type t where t.oid = type_oid
 $$;
 
+-- A JSON array as text[] (cast on to the parameter's array type); CALL arguments may not hold subqueries.
+create function asyncproc.text_array(value jsonb) returns text[]
+language sql immutable as $$
+  select case when value is null or jsonb_typeof(value) = 'null' then null
+              else coalesce((select array_agg(e.v order by e.o) from jsonb_array_elements_text(value) with ordinality e (v, o)), '{}')
+         end
+$$;
+
 -- The SQL expression that turns argument `name` of $1 (the arguments object) into a typed value.
 create function asyncproc.argument_expression(name text, type_oid oid) returns text
 language sql stable as $$
   select case
     when type_oid in ('json'::regtype, 'jsonb'::regtype) then format('($1->%L)::%s', name, format_type(type_oid, null))
     when t.typcategory = 'A' and t.typelem <> 0 then
-      format('(select coalesce(array_agg(e.v order by e.o), ''{}'') from jsonb_array_elements_text($1->%L) with ordinality e (v, o))::%s',
-             name, format_type(type_oid, null))
+      format('asyncproc.text_array($1->%L)::%s', name, format_type(type_oid, null))
     else format('($1->>%L)::%s', name, format_type(type_oid, null))
   end
   from pg_type t where t.oid = type_oid
 $$;
+
+-- Notifications. A transaction that NOTIFYs holds a database-wide lock from its commit
+-- until its WAL is flushed, so notifying transactions commit one at a time. The hot
+-- paths (the service's invokes, claims, completions) therefore do not NOTIFY: the
+-- service sends their notifications right after commit, batched, on a connection with
+-- synchronous_commit off. Plain-SQL callers of asyncproc.invoke and the rare paths
+-- (recover, release_due) notify inside their own transaction.
+-- Payload of asyncproc_events: `id:seq:status`, several joined by `;` (keys, not rows).
 
 -- Session-level advisory locks tie a claim to the life of the worker's session.
 create function asyncproc.lock_key(execution_id bigint) returns integer
@@ -117,7 +139,8 @@ create function asyncproc.submit(
   queue        text default null,
   run_at       timestamptz default null,
   max_attempts integer default null,
-  submitted_by text default null
+  submitted_by text default null,
+  quiet        boolean default false   -- true: the caller notifies after its commit
 ) returns asyncproc.executions
 language plpgsql as $$
 declare
@@ -169,11 +192,16 @@ begin
           case when submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
           coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by)
   returning * into submitted;
-
   if submitted.status = 'PENDING' then
-    perform pg_notify('asyncproc_wake', queue_name);
+    insert into asyncproc.ready (queue, id) values (submitted.queue, submitted.id);
   end if;
-  perform asyncproc.emit(submitted.id, submitted.seq, submitted.status);
+
+  if not quiet then
+    if submitted.status = 'PENDING' then
+      perform pg_notify('asyncproc_wake', queue_name);
+    end if;
+    perform asyncproc.emit(submitted.id, submitted.seq, submitted.status);
+  end if;
   return submitted;
 end
 $$;
@@ -192,26 +220,26 @@ language sql as $$
 $$;
 
 -- Claim the oldest ready call of a queue for this session: RUNNING, and locked for the session's life.
-create function asyncproc.claim(queue_name text, worker text) returns bigint
+-- The caller notifies (id:seq:RUNNING) after commit.
+create function asyncproc.claim(queue_name text, worker text, out id bigint, out seq bigint)
 language plpgsql as $$
-declare
-  claimed_id  bigint;
-  claimed_seq bigint;
 begin
+  with next_ready as (
+    delete from asyncproc.ready r
+     where r.queue = queue_name
+       and r.id = (select x.id from asyncproc.ready x where x.queue = queue_name
+                    order by x.id limit 1 for update skip locked)
+    returning r.id
+  )
   update asyncproc.executions e
      set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
          worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq')
-    from (select x.id from asyncproc.executions x
-           where x.queue = queue_name and x.status = 'PENDING'
-           order by x.id limit 1 for update skip locked) ready
-   where e.id = ready.id
-  returning e.id, e.seq into claimed_id, claimed_seq;
-  if claimed_id is null then
-    return null;
+    from next_ready
+   where e.id = next_ready.id
+  returning e.id, e.seq into claim.id, claim.seq;
+  if claim.id is not null then
+    perform pg_advisory_lock(x'41535943'::integer, asyncproc.lock_key(claim.id));
   end if;
-  perform pg_advisory_lock(x'41535943'::integer, asyncproc.lock_key(claimed_id));
-  perform asyncproc.emit(claimed_id, claimed_seq, 'RUNNING');
-  return claimed_id;
 end
 $$;
 
@@ -219,13 +247,10 @@ $$;
 -- worker when a call escaped run() (cancelled statement, timeout) and must still end.
 create function asyncproc.finish(
   execution_id bigint, succeeded boolean, outcome jsonb,
-  err_number text default null, err_message text default null, err_detail text default null, err_context text default null
-) returns void
+  err_number text default null, err_message text default null, err_detail text default null, err_context text default null,
+  out done_seq bigint, out done_status text
+)
 language plpgsql as $$
-declare
-  done_seq    bigint;
-  done_status text;
-  next_run    timestamptz;
 begin
   update asyncproc.executions e
      set status = case
@@ -241,17 +266,17 @@ begin
          error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
          seq = nextval('asyncproc.change_seq')
    where e.id = execution_id and e.status = 'RUNNING'
-  returning e.seq, e.status into done_seq, done_status;
-  if done_seq is not null then
-    perform asyncproc.emit(execution_id, done_seq, done_status);
-  end if;
+  returning e.seq, e.status into finish.done_seq, finish.done_status;
 end
 $$;
 
--- Run one claimed call; its writes, its outcome and its notification commit together.
--- Then release it and claim the next call of next_queue in the same round trip.
-create function asyncproc.run(execution_id bigint, worker text, next_queue text, row_cap integer default 100)
-returns bigint
+-- Run one claimed call; its writes and its outcome commit together (the service
+-- notifies right after). Then release it and claim the next call of next_queue in
+-- the same transaction and round trip.
+create function asyncproc.run(
+  execution_id bigint, worker text, next_queue text, row_cap integer default 100,
+  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint
+)
 language plpgsql as $$
 declare
   call         record;
@@ -307,20 +332,20 @@ begin
                                   'outputParameters', null, 'rows', null)
         end;
       end if;
-      perform asyncproc.finish(execution_id, true, outcome);
+      select f.done_seq, f.done_status into run.done_seq, run.done_status from asyncproc.finish(execution_id, true, outcome) f;
     exception when others then
       -- the block's implicit savepoint has undone the call's writes; record the failure instead
       get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
                               v_detail = pg_exception_detail, v_context = pg_exception_context;
-      perform asyncproc.finish(execution_id, false, null, v_state, v_message, nullif(v_detail, ''), nullif(v_context, ''));
+      select f.done_seq, f.done_status into run.done_seq, run.done_status
+        from asyncproc.finish(execution_id, false, null, v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
     end;
   end if;
 
   perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
-  if next_queue is null then
-    return null;
+  if next_queue is not null then
+    select c.id, c.seq into run.next_id, run.next_seq from asyncproc.claim(next_queue, worker) c;
   end if;
-  return asyncproc.claim(next_queue, worker);
 end
 $$;
 
@@ -355,6 +380,9 @@ begin
            seq = nextval('asyncproc.change_seq')
      where e.id = lost.id and e.status = 'RUNNING'
     returning e.seq, e.status into new_seq, new_stat;
+    if new_stat = 'PENDING' then
+      insert into asyncproc.ready (queue, id) values (lost.queue, lost.id);
+    end if;
     perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(lost.id));
     if new_seq is not null then
       recovered := recovered + 1;
@@ -380,6 +408,7 @@ begin
     returning e.id, e.seq, e.queue
   loop
     released := released + 1;
+    insert into asyncproc.ready (queue, id) values (due.queue, due.id);
     perform asyncproc.emit(due.id, due.seq, 'PENDING');
     perform pg_notify('asyncproc_wake', due.queue);
   end loop;

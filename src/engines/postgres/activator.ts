@@ -1,7 +1,8 @@
 import pg from 'pg';
-import type { ActivatorOptions, Closeable } from '../../engine.js';
+import type { ActivatorOptions, Closeable, ExecutionStatus } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import type { Notifier } from './notifier.js';
 
 /**
  * The PostgreSQL activator: a pool of worker slots per queue, each on its own
@@ -14,6 +15,7 @@ import type { Logger } from '../../logger.js';
 export interface PostgresActivatorOptions extends ActivatorOptions {
   connectionString: string;
   logger: Logger;
+  notifier: Notifier;
   /** Period of the housekeeping tick (recover lost calls, release due ones, fallback wake). @default 1000 */
   tickMs?: number;
   /** Finished history older than this is purged. @default 7 days */
@@ -135,32 +137,48 @@ class QueueWorkers {
 
   /** Claim and run until the queue has nothing ready for this slot. */
   private async work(client: pg.Client, worker: string): Promise<void> {
-    let next = (await client.query<{ id: string | null }>('select asyncproc.claim($1, $2) as id', [this.name, worker])).rows[0].id;
+    const { notifier } = this.activator.options;
+    const claimed = (await client.query<{ id: string | null; seq: string }>('select id, seq from asyncproc.claim($1, $2)', [this.name, worker])).rows[0];
+    let next = claimed.id;
+    if (next !== null) notifier.event(next, claimed.seq, 'RUNNING');
     while (next !== null) {
       // whoever found work lets one more idle sibling look for more
       this.doorbell.ring();
       const current: string = next;
       try {
-        next = (
-          await client.query<{ id: string | null }>('select asyncproc.run($1, $2, $3) as id', [
+        const ran = (
+          await client.query<RunRow>('select done_seq, done_status, next_id, next_seq from asyncproc.run($1, $2, $3)', [
             current,
             worker,
             this.activator.stopping ? null : this.name,
           ])
-        ).rows[0].id;
+        ).rows[0];
+        if (ran.done_seq !== null) notifier.event(current, ran.done_seq, ran.done_status!);
+        if (ran.next_id !== null) notifier.event(ran.next_id, ran.next_seq!, 'RUNNING');
+        next = ran.next_id;
       } catch (error) {
         if (isConnectionError(error)) throw error;
         // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
         const err = error as pg.DatabaseError;
-        await client.query(
-          `select asyncproc.finish($1, false, null, $2, $3),
-                  pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key($1))`,
-          [current, err.code ?? null, err.message],
-        );
+        const done = (
+          await client.query<{ done_seq: string | null; done_status: ExecutionStatus | null }>(
+            `select f.done_seq, f.done_status, pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key($1))
+               from asyncproc.finish($1, false, null, $2, $3) f`,
+            [current, err.code ?? null, err.message],
+          )
+        ).rows[0];
+        if (done.done_seq !== null) notifier.event(current, done.done_seq, done.done_status!);
         next = null;
       }
     }
   }
+}
+
+interface RunRow {
+  done_seq: string | null;
+  done_status: ExecutionStatus | null;
+  next_id: string | null;
+  next_seq: string | null;
 }
 
 export class PostgresActivator implements Closeable {
@@ -248,6 +266,11 @@ export class PostgresActivator implements Closeable {
     }
     // a fallback in case a notification was missed
     for (const queue of this.queues.values()) queue.doorbell.ring();
+  }
+
+  /** Work was just committed on these queues (by this process): wake a slot at once. */
+  wake(queues: Iterable<string>): void {
+    for (const queue of queues) this.queues.get(queue)?.doorbell.ring();
   }
 
   async close(): Promise<void> {

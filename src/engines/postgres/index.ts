@@ -1,11 +1,12 @@
 import pg from 'pg';
-import type { ActivatorOptions, Closeable, Engine, ListenerSink, RegisterOptions } from '../../engine.js';
+import type { ActivatorOptions, Closeable, Engine, Execution, InvokeCall, ListenerSink, RegisterOptions } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
 import { invoke } from './invoke.js';
 import { PostgresListener } from './listener.js';
+import { Notifier } from './notifier.js';
 import { installDemo, migrate } from './migrator.js';
 import { listProcedures, registerProcedure } from './procedures.js';
 import { listQueues } from './queues.js';
@@ -26,11 +27,17 @@ pg.types.setTypeParser(pg.types.builtins.INT8, (v) => v);
 
 export type PostgresTransaction = pg.ClientBase;
 
+/** Marks a transaction opened by withTransaction: its invokes notify after the commit. */
+const SUBMITTED = Symbol('asyncproc.submitted');
+type OwnTransaction = pg.PoolClient & { [SUBMITTED]?: Execution[] };
+
 export class PostgresEngine implements Engine<PostgresTransaction> {
   readonly kind = 'postgres' as const;
   readonly pool: pg.Pool;
   private readonly logger: Logger;
   private readonly closeables = new Set<Closeable>();
+  private readonly notifier: Notifier;
+  private readonly activators = new Set<PostgresActivator>();
 
   constructor(readonly options: PostgresEngineOptions) {
     this.logger = options.logger ?? silentLogger;
@@ -40,6 +47,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       application_name: 'asyncproc',
     });
     this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
+    this.notifier = new Notifier(options.connectionString, this.logger);
   }
 
   async migrate(): Promise<void> {
@@ -52,22 +60,42 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
 
   async withTransaction<T>(fn: (tx: PostgresTransaction) => Promise<T>): Promise<T> {
-    const client = await this.pool.connect();
+    const client: OwnTransaction = await this.pool.connect();
     let broken: Error | undefined;
+    const submitted: Execution[] = (client[SUBMITTED] = []);
     try {
       await client.query('begin');
       const result = await fn(client);
       await client.query('commit');
+      this.announce(submitted);
       return result;
     } catch (error) {
       await client.query('rollback').catch((e) => (broken = e as Error));
       throw error;
     } finally {
+      delete client[SUBMITTED];
       client.release(broken);
     }
   }
 
-  invoke = invoke;
+  /** In our own transactions the notifications follow the commit; in a caller's they are part of it. */
+  invoke(tx: PostgresTransaction, call: InvokeCall): Promise<Execution> {
+    const own = (tx as OwnTransaction)[SUBMITTED];
+    return invoke(tx, call, own !== undefined).then((execution) => {
+      own?.push(execution);
+      return execution;
+    });
+  }
+
+  private announce(executions: Execution[]): void {
+    const ready = new Set<string>();
+    for (const execution of executions) {
+      this.notifier.event(execution.id, execution.cursor, execution.status);
+      if (execution.status === 'PENDING') ready.add(execution.queue);
+    }
+    for (const queue of ready) this.notifier.wake(queue);
+    for (const activator of this.activators) activator.wake(ready);
+  }
 
   async getExecution(token: string) {
     return (await getExecutions(this.pool, [token]))[0] ?? null;
@@ -105,10 +133,17 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
         logger: this.logger,
         tickMs: this.options.tickMs,
         retentionMs: this.options.retentionMs,
+        notifier: this.notifier,
       },
       this.pool,
     );
     await activator.start();
+    this.activators.add(activator);
+    const close = activator.close.bind(activator);
+    activator.close = () => {
+      this.activators.delete(activator);
+      return close();
+    };
     return this.track(activator);
   }
 
@@ -135,6 +170,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
 
   async close(): Promise<void> {
     await Promise.all([...this.closeables].map((c) => c.close()));
+    await this.notifier.close();
     await this.pool.end();
   }
 }

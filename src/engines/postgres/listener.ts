@@ -11,6 +11,24 @@ export interface PostgresListenerOptions {
   logger: Logger;
   /** A silent connection is probed this often, so a half-open one is found. @default 10000 */
   heartbeatMs?: number;
+  /** The table is read this often for changes whose notification was lost. @default 1000 */
+  pollMs?: number;
+}
+
+/** Changes whose commit may lag their sequence value are looked for this far back. */
+const POLL_WINDOW = 5000n;
+
+/** Insertion-ordered set that forgets its oldest members past a size. */
+class RecentKeys {
+  private readonly keys = new Set<string>();
+  constructor(private readonly limit: number) {}
+  /** False when the key was already there. */
+  add(key: string): boolean {
+    if (this.keys.has(key)) return false;
+    this.keys.add(key);
+    if (this.keys.size > this.limit) this.keys.delete(this.keys.values().next().value!);
+    return true;
+  }
 }
 
 interface Hint {
@@ -32,6 +50,10 @@ export class PostgresListener implements Closeable {
   private heartbeat: NodeJS.Timeout | null = null;
   private backoff = 100;
   private reconnectTimer: NodeJS.Timeout | null = null;
+  private poller: NodeJS.Timeout | null = null;
+  private polling = false;
+  private highWater = 0n;
+  private readonly heard = new RecentKeys(100_000);
 
   constructor(private readonly options: PostgresListenerOptions) {}
 
@@ -41,7 +63,28 @@ export class PostgresListener implements Closeable {
   }
 
   async start(): Promise<void> {
+    const { rows } = await this.options.pool.query<{ seq: string | null }>('select max(seq)::text as seq from asyncproc.executions');
+    this.highWater = BigInt(rows[0].seq ?? '0');
     await this.connect(false);
+    this.poller = setInterval(() => void this.poll(), this.options.pollMs ?? 1000);
+  }
+
+  /** The safety net: changes committed without a notification reaching us (the table is the truth). */
+  private async poll(): Promise<void> {
+    if (this.polling || this.closed || !this.client) return;
+    this.polling = true;
+    try {
+      const low = this.highWater > POLL_WINDOW ? this.highWater - POLL_WINDOW : 0n;
+      const { rows } = await this.options.pool.query<{ id: string; seq: string; status: ExecutionStatus }>(
+        'select id, seq, status from asyncproc.executions where seq > $1 order by seq',
+        [low.toString()],
+      );
+      for (const row of rows) this.take(row.id, row.seq, row.status);
+    } catch (error) {
+      this.options.logger.debug({ err: toError(error) }, 'listener poll failed');
+    } finally {
+      this.polling = false;
+    }
   }
 
   private async connect(isReconnect: boolean): Promise<void> {
@@ -106,10 +149,18 @@ export class PostgresListener implements Closeable {
   }
 
   private hear(payload: string): void {
-    const [executionId, cursor, status] = payload.split(':');
-    if (!executionId || !cursor || !status) return;
+    for (const key of payload.split(';')) {
+      const [executionId, cursor, status] = key.split(':');
+      if (executionId && cursor && status) this.take(executionId, cursor, status as ExecutionStatus);
+    }
+  }
+
+  private take(executionId: string, cursor: string, status: ExecutionStatus): void {
+    if (!this.heard.add(`${executionId}:${cursor}`)) return;
+    const seq = BigInt(cursor);
+    if (seq > this.highWater) this.highWater = seq;
     if (this.options.sink.interested && !this.options.sink.interested(executionId)) return;
-    this.hints.push({ executionId, cursor, status: status as ExecutionStatus });
+    this.hints.push({ executionId, cursor, status });
     if (!this.flushing) {
       this.flushing = true;
       setImmediate(() => void this.flush());
@@ -141,6 +192,7 @@ export class PostgresListener implements Closeable {
   async close(): Promise<void> {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
+    if (this.poller) clearInterval(this.poller);
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     await this.client?.end().catch(() => undefined);
     this.client = null;

@@ -1,0 +1,104 @@
+import pg from 'pg';
+import { toError, type ExecutionStatus } from '../../engine.js';
+import type { Logger } from '../../logger.js';
+
+/** NOTIFY payloads must stay under 8000 bytes; keys are ~30 bytes each. */
+const MAX_PAYLOAD = 7000;
+
+/**
+ * Sends the hot paths' notifications after their transactions committed, batched,
+ * from one connection with synchronous_commit off: a NOTIFY then holds the global
+ * notify lock for microseconds instead of a WAL flush, so calls commit in parallel.
+ * A notification lost here (a crash between commit and send) is a lost hint only:
+ * the listener's periodic catch-up reads the table.
+ */
+export class Notifier {
+  private client: pg.Client | null = null;
+  private connecting: Promise<pg.Client> | null = null;
+  private events: string[] = [];
+  private wakes = new Set<string>();
+  private sending = false;
+  private closed = false;
+
+  constructor(
+    private readonly connectionString: string,
+    private readonly logger: Logger,
+  ) {}
+
+  event(executionId: string, seq: string, status: ExecutionStatus): void {
+    this.events.push(`${executionId}:${seq}:${status}`);
+    this.kick();
+  }
+
+  wake(queue: string): void {
+    this.wakes.add(queue);
+    this.kick();
+  }
+
+  private kick(): void {
+    if (!this.sending && !this.closed) {
+      this.sending = true;
+      queueMicrotask(() => void this.flush());
+    }
+  }
+
+  private async connection(): Promise<pg.Client> {
+    if (this.client) return this.client;
+    this.connecting ??= (async () => {
+      const client = new pg.Client({ connectionString: this.connectionString, application_name: 'asyncproc notifier' });
+      client.on('error', () => {
+        if (this.client === client) this.client = null;
+      });
+      await client.connect();
+      await client.query('set synchronous_commit = off');
+      this.client = client;
+      return client;
+    })().finally(() => (this.connecting = null));
+    return this.connecting;
+  }
+
+  private async flush(): Promise<void> {
+    let failed = false;
+    try {
+      while ((this.events.length || this.wakes.size) && !this.closed) {
+        const payloads: string[] = [];
+        let payload = '';
+        for (const event of this.events.splice(0)) {
+          if (payload.length + event.length + 1 > MAX_PAYLOAD) {
+            payloads.push(payload);
+            payload = '';
+          }
+          payload = payload ? `${payload};${event}` : event;
+        }
+        if (payload) payloads.push(payload);
+        const wakes = [...this.wakes];
+        this.wakes.clear();
+        const client = await this.connection();
+        await client.query(
+          `select pg_notify('asyncproc_events', p) from unnest($1::text[]) p
+           union all select pg_notify('asyncproc_wake', q) from unnest($2::text[]) q`,
+          [payloads, wakes],
+        );
+      }
+    } catch (error) {
+      failed = true;
+      this.logger.warn({ err: toError(error) }, 'notifier could not send; listeners catch up from the table');
+      this.client?.end().catch(() => undefined);
+      this.client = null;
+    } finally {
+      this.sending = false;
+      if ((this.events.length || this.wakes.size) && !this.closed) {
+        if (failed) setTimeout(() => this.kick(), 500).unref();
+        else this.kick();
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    // send what is queued before going
+    while (this.sending) await new Promise((resolve) => setTimeout(resolve, 5));
+    if (this.events.length || this.wakes.size) await this.flush();
+    this.closed = true;
+    await this.client?.end().catch(() => undefined);
+  }
+}

@@ -1,0 +1,172 @@
+/** PostgreSQL-specific behaviour: migrator, SQL interface, argument types, savepoints, result shapes, purge. */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import type pg from 'pg';
+import type { Closeable, Execution } from '../src/engine.js';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+let cluster: TestCluster;
+let url: string;
+let engine: PostgresEngine;
+let activator: Closeable;
+let sql: pg.Client;
+
+before(async () => {
+  cluster = await startTestCluster();
+  url = await cluster.createDatabase();
+  engine = createPostgresEngine({ connectionString: url });
+  await engine.migrate();
+  await engine.installDemo();
+  sql = await cluster.connect(url);
+  await sql.query(`create schema pgtest;
+    create table pgtest.effects (tag text not null);
+    create procedure pgtest.write_then_fail(tag text) language plpgsql as $$
+      begin insert into pgtest.effects values (tag); raise exception 'after writing %', tag using errcode = '22012'; end $$;
+    create procedure pgtest.types(
+      n numeric, ts timestamptz, flags boolean[], doc jsonb, ids integer[], out echo jsonb, label text default 'none')
+    language plpgsql as $$ begin echo := jsonb_build_object('n', n, 'ts', ts, 'flags', flags, 'doc', doc, 'ids', ids, 'label', label); end $$;
+    create function pgtest.twice(x integer) returns integer language sql as $$ select x * 2 $$;
+    create function pgtest.series(n integer) returns table (i integer, sq integer) language sql as $$ select g, g * g from generate_series(1, n) g $$;
+    create procedure pgtest.unregistered() language plpgsql as $$ begin end $$;`);
+  for (const routine of ['pgtest.write_then_fail', 'pgtest.types', 'pgtest.twice', 'pgtest.series']) await engine.registerProcedure(routine);
+  activator = await engine.startActivator({ workerId: 'pgtest' });
+});
+after(async () => {
+  await activator?.close();
+  await sql?.end();
+  await engine?.close();
+  await cluster?.stop();
+});
+
+async function run(procedure: string, args: Record<string, unknown>): Promise<Execution> {
+  const { token } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure, arguments: args }));
+  return waitFor(async () => {
+    const e = await engine.getExecution(token);
+    return e && ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
+  });
+}
+
+describe('migrator', () => {
+  it('applies each version once, also when several processes start at once', async () => {
+    const fresh = await cluster.createDatabase();
+    const engines = Array.from({ length: 3 }, () => createPostgresEngine({ connectionString: fresh }));
+    try {
+      await Promise.all(engines.map((e) => e.migrate()));
+      await Promise.all(engines.map((e) => e.installDemo()));
+      await engines[0].migrate();
+      const { rows } = await engines[0].pool.query('select version, count(*)::int as n from asyncproc.migrations group by version');
+      assert.ok(rows.length >= 1);
+      assert.ok(rows.every((r) => r.n === 1));
+      const demo = await engines[0].listProcedures();
+      assert.ok(demo.some((p) => p.name === 'demo.add'));
+    } finally {
+      await Promise.all(engines.map((e) => e.close()));
+    }
+  });
+});
+
+describe('the SQL interface for backend services', () => {
+  it('asyncproc.invoke enqueues inside the caller transaction and enforces the registry itself', async () => {
+    await sql.query('begin');
+    const { rows } = await sql.query(`select asyncproc.invoke('demo.add', '{"a": 2, "b": 3}') as token`);
+    await sql.query('rollback');
+    assert.equal(await engine.getExecution(rows[0].token), null, 'rolled back with the caller');
+
+    for (const [procedure, code] of [
+      ['pgtest.unregistered', 'AP001'],
+      ['pg_catalog.pg_terminate_backend', 'AP001'],
+      ['demo.add; select 1', 'AP001'],
+    ]) {
+      await assert.rejects(sql.query(`select asyncproc.invoke($1, '{}')`, [procedure]), (e: any) => e.code === code);
+    }
+    await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '{"a": "1; drop table demo.ledger", "b": 1}')`), (e: any) => e.code === 'AP002');
+    await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '[1, 2]')`), (e: any) => e.code === 'AP002');
+  });
+});
+
+describe('running calls', () => {
+  it("a failing call's own writes are rolled back (savepoint) and the error recorded", async () => {
+    const done = await run('pgtest.write_then_fail', { tag: 'savepoint' });
+    assert.equal(done.status, 'FAILED');
+    assert.equal(done.error?.number, '22012');
+    assert.equal(done.error?.message, 'after writing savepoint');
+    assert.equal((await sql.query(`select count(*)::int as n from pgtest.effects where tag = 'savepoint'`)).rows[0].n, 0);
+  });
+
+  it('arguments convert to every parameter type; defaults may be left out; null is NULL', async () => {
+    const done = await run('pgtest.types', {
+      n: '12.50',
+      ts: '2026-01-02T03:04:05Z',
+      flags: [true, false, null],
+      doc: { nested: [1, { x: 'y' }] },
+      ids: [3, 1, 2],
+    });
+    assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+    assert.deepEqual(done.result?.outputParameters, {
+      echo: {
+        n: 12.5,
+        ts: '2026-01-02T03:04:05+00:00',
+        flags: [true, false, null],
+        doc: { nested: [1, { x: 'y' }] },
+        ids: [3, 1, 2],
+        label: 'none',
+      },
+    });
+    const withNull = await run('pgtest.types', { n: null, ts: null, flags: [], doc: null, ids: null, label: 'given' });
+    assert.equal((withNull.result?.outputParameters as any).echo.label, 'given');
+    assert.deepEqual((withNull.result?.outputParameters as any).echo.flags, []);
+  });
+
+  it('refuses values that do not convert, element by element', async () => {
+    for (const args of [
+      { n: 'twelve', ts: null, flags: null, doc: null, ids: null },
+      { n: 1, ts: 'yesterday-ish', flags: null, doc: null, ids: null },
+      { n: 1, ts: null, flags: [true, 'maybe'], doc: null, ids: null },
+      { n: 1, ts: null, flags: null, doc: null, ids: [1, [2]] },
+      { n: 1, ts: null, flags: null, doc: null, ids: { a: 1 } },
+    ]) {
+      await assert.rejects(
+        engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.types', arguments: args })),
+        (e: any) => e.code === 'INVALID_ARGUMENTS',
+        JSON.stringify(args),
+      );
+    }
+  });
+
+  it('functions: a scalar is the return value; a set is the rows', async () => {
+    const twice = await run('pgtest.twice', { x: 21 });
+    assert.deepEqual(twice.result, { returnValue: 42, outputParameters: null, rows: null });
+    const series = await run('pgtest.series', { n: 3 });
+    assert.deepEqual(series.result?.rows, [
+      { i: 1, sq: 1 },
+      { i: 2, sq: 4 },
+      { i: 3, sq: 9 },
+    ]);
+    const capped = await run('pgtest.series', { n: 1000 });
+    assert.equal((capped.result?.rows as unknown[]).length, 100, 'the first result set is capped');
+  });
+
+  it('registering needs an existing routine; an overloaded name needs its signature', async () => {
+    await assert.rejects(engine.registerProcedure('pgtest.nothing'), (e: any) => e.code === 'UNKNOWN_PROCEDURE');
+    await sql.query(`create function pgtest.over(a int) returns int language sql as 'select a';
+                     create function pgtest.over(a text) returns text language sql as 'select a';`);
+    await assert.rejects(engine.registerProcedure('pgtest.over'), (e: any) => e.code === 'UNKNOWN_PROCEDURE' || e.code === 'BAD_USER_INPUT');
+    const registered = await engine.registerProcedure('pgtest.over(text)');
+    assert.equal(registered.parameters[0].type, 'text');
+  });
+});
+
+describe('retention', () => {
+  it('purges finished history older than the retention, and nothing else', async () => {
+    const done = await run('demo.add', { a: 1, b: 1 });
+    const { token: pending } = await engine.withTransaction((tx) =>
+      engine.invoke(tx, { procedure: 'demo.add', arguments: { a: 1, b: 1 }, runAt: new Date(Date.now() + 3_600_000) }),
+    );
+    await sql.query(`update asyncproc.executions set finished_at = now() - interval '8 days' where token = $1`, [done.token]);
+    const { rows } = await sql.query(`select asyncproc.purge(interval '7 days') as n`);
+    assert.equal(rows[0].n, 1);
+    assert.equal(await engine.getExecution(done.token), null);
+    assert.equal((await engine.getExecution(pending))?.status, 'WAITING');
+  });
+});
