@@ -1,0 +1,70 @@
+-- Demo procedures: installed and registered by installDemo() (ASYNCPROC_DEMO=1).
+-- Re-runnable: every batch creates, alters or skips. Same names and behaviour as on PostgreSQL.
+IF SCHEMA_ID(N'demo') IS NULL
+    EXEC (N'CREATE SCHEMA demo AUTHORIZATION dbo');
+GO
+
+IF OBJECT_ID(N'demo.ledger', N'U') IS NULL
+BEGIN
+    CREATE TABLE demo.ledger (
+        id          bigint IDENTITY(1, 1) NOT NULL CONSTRAINT PK_ledger PRIMARY KEY,
+        tag         nvarchar(200) NOT NULL,
+        recorded_at datetime2(3)  NOT NULL CONSTRAINT DF_ledger_recorded DEFAULT (SYSUTCDATETIME())
+    );
+    CREATE INDEX IX_ledger_tag ON demo.ledger (tag);
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.sleep
+    @seconds float
+AS
+BEGIN
+    SET NOCOUNT ON;
+    -- WAITFOR DELAY takes a time of day up to 24 hours, given here as a datetime variable
+    DECLARE @delay datetime = DATEADD(millisecond, CAST(@seconds * 1000 AS int), CAST(0 AS datetime));
+    WAITFOR DELAY @delay;
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.fail
+    @message nvarchar(2048)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    THROW 50000, @message, 1;
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.[add]   -- ADD is a reserved word
+    @a int,
+    @b int,
+    @total int OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET @total = @a + @b;
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.record
+    @tag nvarchar(200)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    INSERT demo.ledger (tag) VALUES (@tag);
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.noop
+AS
+BEGIN
+    SET NOCOUNT ON;
+END;
+GO
+
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.sleep';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.fail';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.add';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.record';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.noop';
+GO

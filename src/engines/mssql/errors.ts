@@ -1,0 +1,29 @@
+import sql from 'mssql';
+import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
+
+/**
+ * THROW numbers of our procedures (documented in sql/mssql/0004_invoke.sql and docs/mssql.md):
+ * 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS, 50003 UNKNOWN_QUEUE, 50005 BAD_USER_INPUT.
+ */
+export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
+  50001: 'UNKNOWN_PROCEDURE',
+  50002: 'INVALID_ARGUMENTS',
+  50003: 'UNKNOWN_QUEUE',
+  50005: 'BAD_USER_INPUT',
+};
+
+/** The SQL Server error number of a driver error, if it carries one. */
+export function errorNumber(error: unknown): number | undefined {
+  if (error instanceof sql.RequestError && typeof error.number === 'number') return error.number;
+  const original = (error as { originalError?: { number?: unknown; info?: { number?: unknown } } } | null)?.originalError;
+  const number = original?.info?.number ?? original?.number;
+  return typeof number === 'number' ? number : undefined;
+}
+
+/** Expected refusals become EngineErrors; anything else stays an Error with its cause. */
+export function mapDatabaseError(error: unknown): Error {
+  const number = errorNumber(error);
+  const code = number === undefined ? undefined : THROWN[number];
+  if (code) return new EngineError(code, (error as Error).message, { cause: error });
+  return toError(error);
+}

@@ -1,0 +1,205 @@
+import sql from 'mssql';
+import {
+  EngineError,
+  type Execution,
+  type ExecutionEvent,
+  type ExecutionFilter,
+  type ExecutionPage,
+  type ExecutionStatus,
+  type PageRequest,
+} from '../../engine.js';
+import { cursorFromRowversion, decodeResult, isToken, rowversionFromCursor } from './types.js';
+
+/** Anything that makes requests: a pool, or a transaction (one request at a time). */
+export type Queryable = sql.ConnectionPool | sql.Transaction;
+
+export const EXECUTION_COLUMNS = `e.id, e.token, e.[procedure], e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
+  e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_severity,
+  e.error_state, e.error_line, e.error_message, e.result, e.session_id, e.worker, e.row_version`;
+
+export interface ExecutionRow {
+  id: string | number;
+  token: string;
+  procedure: string;
+  arguments: string;
+  queue: string;
+  status: ExecutionStatus;
+  submitted_at: Date;
+  run_at: Date | null;
+  started_at: Date | null;
+  finished_at: Date | null;
+  attempts: number;
+  max_attempts: number;
+  submitted_by: string | null;
+  error_number: number | null;
+  error_severity: number | null;
+  error_state: number | null;
+  error_line: number | null;
+  error_message: string | null;
+  result: string | null;
+  session_id: number | null;
+  worker: string | null;
+  row_version: Buffer;
+}
+
+export function toExecution(row: ExecutionRow): Execution {
+  const failed = row.error_message !== null || row.error_number !== null;
+  return {
+    id: String(row.id), // bigint arrives as text from the driver
+    token: row.token.toLowerCase(), // the driver spells GUIDs in capitals; tokens are lower case everywhere
+    procedure: row.procedure,
+    arguments: JSON.parse(row.arguments) as Record<string, unknown>,
+    queue: row.queue,
+    status: row.status,
+    submittedAt: row.submitted_at,
+    runAt: row.run_at,
+    startedAt: row.started_at,
+    finishedAt: row.finished_at,
+    attempts: row.attempts,
+    maxAttempts: row.max_attempts,
+    submittedBy: row.submitted_by,
+    error: failed
+      ? {
+          number: row.error_number === null ? null : String(row.error_number),
+          message: row.error_message ?? '',
+          severity: row.error_severity,
+          state: row.error_state,
+          line: row.error_line,
+        }
+      : null,
+    result: row.status === 'SUCCEEDED' ? decodeResult(row.result) : null,
+    worker: row.worker,
+    sessionId: row.session_id,
+    cursor: cursorFromRowversion(row.row_version),
+  };
+}
+
+function request(db: Queryable): sql.Request {
+  return new sql.Request(db as sql.ConnectionPool);
+}
+
+/** WHERE conditions for a filter, with their inputs added to the request. */
+function where(req: sql.Request, filter: ExecutionFilter): string[] {
+  const conditions: string[] = [];
+  if (filter.status?.length) {
+    req.input('statuses', sql.NVarChar(sql.MAX), JSON.stringify(filter.status));
+    conditions.push('e.status IN (SELECT [value] FROM OPENJSON(@statuses))');
+  }
+  if (filter.procedure) {
+    req.input('procedure', sql.NVarChar(4000), filter.procedure);
+    conditions.push('e.[procedure] = @procedure');
+  }
+  if (filter.queue) {
+    req.input('queue', sql.NVarChar(4000), filter.queue);
+    conditions.push('e.queue = @queue');
+  }
+  return conditions;
+}
+
+const clause = (conditions: string[]) => (conditions.length ? `WHERE ${conditions.join(' AND ')}` : '');
+
+export async function getExecutions(db: Queryable, tokens: readonly string[]): Promise<Execution[]> {
+  if (!tokens.length) return [];
+  const bad = tokens.find((t) => !isToken(t));
+  if (bad !== undefined) throw new EngineError('BAD_USER_INPUT', `malformed token "${bad}"`);
+  const req = request(db);
+  req.input('tokens', sql.NVarChar(sql.MAX), JSON.stringify(tokens));
+  const result = await req.query<ExecutionRow>(
+    `SELECT ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e
+      WHERE e.token IN (SELECT CONVERT(uniqueidentifier, [value]) FROM OPENJSON(@tokens))`,
+  );
+  return result.recordset.map(toExecution);
+}
+
+export async function getExecutionsById(db: Queryable, ids: readonly string[]): Promise<Execution[]> {
+  if (!ids.length) return [];
+  const req = request(db);
+  req.input('ids', sql.NVarChar(sql.MAX), JSON.stringify(ids));
+  const result = await req.query<ExecutionRow>(
+    `SELECT ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e
+      WHERE e.id IN (SELECT CONVERT(bigint, [value]) FROM OPENJSON(@ids))`,
+  );
+  return result.recordset.map(toExecution);
+}
+
+const MAX_PAGE = 1000;
+
+function pageSize(value: number | null | undefined, fallback: number): number {
+  if (value === null || value === undefined) return fallback;
+  if (!Number.isInteger(value) || value < 0) throw new EngineError('BAD_USER_INPUT', 'page sizes are non-negative integers');
+  return Math.min(value, MAX_PAGE);
+}
+
+function idCursor(value: string): string {
+  if (!/^\d{1,19}$/.test(value)) throw new EngineError('BAD_USER_INPUT', `malformed page cursor "${value}"`);
+  return value;
+}
+
+/** Newest first, keyset-paged on id. */
+export async function listExecutions(db: Queryable, filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage> {
+  const backward = (page.last ?? null) !== null && (page.first ?? null) === null;
+  const size = backward ? pageSize(page.last, 50) : pageSize(page.first, 50);
+  const req = request(db);
+  const conditions = where(req, filter);
+  if (!backward && page.after) {
+    req.input('after', sql.BigInt, idCursor(page.after));
+    conditions.push('e.id < @after');
+  }
+  if (backward && page.before) {
+    req.input('before', sql.BigInt, idCursor(page.before));
+    conditions.push('e.id > @before');
+  }
+  req.input('take', sql.Int, size + 1);
+  const result = await req.query<ExecutionRow>(
+    `SELECT TOP (@take) ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e ${clause(conditions)}
+      ORDER BY e.id ${backward ? 'ASC' : 'DESC'}`,
+  );
+  const rows = result.recordset.map(toExecution);
+  const more = rows.length > size;
+  const items = rows.slice(0, size);
+  if (backward) {
+    items.reverse();
+    return { items, hasNextPage: Boolean(page.before), hasPreviousPage: more };
+  }
+  return { items, hasNextPage: more, hasPreviousPage: Boolean(page.after) };
+}
+
+export async function countExecutions(db: Queryable, filter: ExecutionFilter): Promise<number> {
+  const req = request(db);
+  const result = await req.query<{ n: string | number }>(
+    `SELECT COUNT_BIG(*) AS n FROM asyncexec.AsyncExecResults AS e ${clause(where(req, filter))}`,
+  );
+  return Number(result.recordset[0].n);
+}
+
+/**
+ * Rows changed after `cursor`, oldest change first. Only rowversions below
+ * MIN_ACTIVE_ROWVERSION() are read: a transaction still open may yet commit a
+ * smaller rowversion than one already committed, and a cursor must never pass it.
+ */
+export async function eventsSince(db: Queryable, cursor: string | null, filter: ExecutionFilter, limit: number): Promise<ExecutionEvent[]> {
+  const req = request(db);
+  const conditions = where(req, filter);
+  conditions.push('e.row_version < MIN_ACTIVE_ROWVERSION()');
+  if (cursor !== null) {
+    req.input('cursor', sql.VarBinary(8), rowversionFromCursor(cursor));
+    conditions.push('e.row_version > @cursor');
+  }
+  req.input('take', sql.Int, Math.max(0, Math.min(Math.trunc(limit), 10_000)));
+  const result = await req.query<ExecutionRow>(
+    `SELECT TOP (@take) ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e ${clause(conditions)}
+      ORDER BY e.row_version`,
+  );
+  return result.recordset.map((row) => {
+    const execution = toExecution(row);
+    return { cursor: execution.cursor, status: execution.status, execution };
+  });
+}
+
+/** The cursor just below the oldest rowversion an open transaction may still commit. */
+export async function latestCursor(db: Queryable): Promise<string | null> {
+  const result = await request(db).query<{ v: Buffer }>(
+    'SELECT CONVERT(binary(8), CONVERT(bigint, MIN_ACTIVE_ROWVERSION()) - 1) AS v',
+  );
+  return cursorFromRowversion(result.recordset[0].v);
+}

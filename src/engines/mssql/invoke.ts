@@ -1,0 +1,45 @@
+import sql from 'mssql';
+import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { mapDatabaseError } from './errors.js';
+import { getExecutionsById } from './executions.js';
+import { encodeArguments } from './types.js';
+
+/**
+ * Enqueue a call inside the caller's open transaction through usp_AsyncExecInvoke,
+ * which takes a savepoint there (or its own transaction when none is open), and read
+ * the new row back on the same transaction. Refusals arrive as EngineErrors.
+ */
+export async function invoke(tx: sql.Transaction, call: InvokeCall): Promise<Execution> {
+  // The procedure's parameters are sized; a longer value would be cut by SQL Server,
+  // and trailing blanks compare equal in T-SQL: refuse both before the database sees them.
+  if (typeof call.procedure !== 'string' || call.procedure.length > 261 || call.procedure !== call.procedure.trim()) {
+    throw new EngineError('UNKNOWN_PROCEDURE', `procedure "${String(call.procedure)}" is not registered`);
+  }
+  if (call.queue != null && (call.queue.length > 100 || call.queue !== call.queue.trim())) {
+    throw new EngineError('UNKNOWN_QUEUE', `queue "${call.queue}" does not exist`);
+  }
+  if (call.submittedBy != null && call.submittedBy.length > 256) {
+    throw new EngineError('BAD_USER_INPUT', 'submittedBy is at most 256 characters');
+  }
+  if (call.runAt != null && Number.isNaN(call.runAt.getTime())) throw new EngineError('BAD_USER_INPUT', 'runAt is not a valid time');
+
+  const request = new sql.Request(tx);
+  request.input('procedure', sql.NVarChar(261), call.procedure);
+  request.input('arguments', sql.NVarChar(sql.MAX), encodeArguments(call.arguments));
+  request.input('queue', sql.NVarChar(100), call.queue ?? null);
+  request.input('runAt', sql.DateTime2(3), call.runAt ?? null);
+  request.input('maxAttempts', sql.Int, call.maxAttempts ?? null);
+  request.input('submittedBy', sql.NVarChar(256), call.submittedBy ?? null);
+  request.output('token', sql.UniqueIdentifier);
+  request.output('id', sql.BigInt);
+  let id: string;
+  try {
+    const result = await request.execute('asyncexec.usp_AsyncExecInvoke');
+    id = String(result.output.id);
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
+  const [execution] = await getExecutionsById(tx, [id]);
+  if (!execution) throw new Error(`execution ${id} was enqueued but cannot be read back`);
+  return execution;
+}

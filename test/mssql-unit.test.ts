@@ -1,0 +1,277 @@
+/**
+ * The SQL Server engine's pure TypeScript: GO splitting, DATABASE_URL parsing,
+ * JSON ⇄ SQL value mapping, cursors and error mapping. No server is involved; the
+ * engine itself is tested against a real SQL Server by conformance.mssql.ts.
+ */
+import assert from 'node:assert/strict';
+import { readdir, readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import sql from 'mssql';
+import { EngineError } from '../src/engine.js';
+import { splitBatches } from '../src/engines/mssql/batches.js';
+import { mapDatabaseError } from '../src/engines/mssql/errors.js';
+import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
+import {
+  cursorFromRowversion,
+  decodeResult,
+  encodeArguments,
+  fromSqlOutput,
+  parameterMode,
+  rowversionFromCursor,
+  toSqlJson,
+} from '../src/engines/mssql/types.js';
+import { parseMssqlUrl } from '../src/engines/mssql/url.js';
+
+describe('mssql: GO batch splitting', () => {
+  const texts = (script: string) => splitBatches(script).map((b) => b.text.trim());
+
+  it('splits on GO lines, in any case, with blanks around', () => {
+    assert.deepEqual(texts('SELECT 1\nGO\nSELECT 2\n  go  \nSELECT 3\nGo\n'), ['SELECT 1', 'SELECT 2', 'SELECT 3']);
+  });
+
+  it('counts GO n as n runs and GO 0 as none', () => {
+    const batches = splitBatches('INSERT t VALUES (1)\nGO 3\nSELECT 2\nGO 0\nSELECT 3');
+    assert.deepEqual(
+      batches.map((b) => [b.text.trim(), b.repeat]),
+      [
+        ['INSERT t VALUES (1)', 3],
+        ['SELECT 3', 1],
+      ],
+    );
+  });
+
+  it('accepts a trailing line comment after GO', () => {
+    assert.deepEqual(texts('SELECT 1\nGO -- end of the first batch\nSELECT 2'), ['SELECT 1', 'SELECT 2']);
+  });
+
+  it('is not fooled by GO inside strings, comments or identifiers', () => {
+    const script = [
+      "SELECT 'it''s a line",
+      'GO',
+      "not a separator'",
+      '/* a comment',
+      'GO',
+      '/* nested',
+      'GO',
+      '*/ still comment',
+      'GO',
+      '*/',
+      'SELECT [odd',
+      'GO',
+      ']]name]',
+      'SELECT "quoted',
+      'GO',
+      'ident"',
+      'GO',
+      'SELECT 2',
+    ].join('\n');
+    const batches = texts(script);
+    assert.equal(batches.length, 2);
+    assert.match(batches[0], /^SELECT 'it''s a line\nGO\nnot a separator'/);
+    assert.match(batches[0], /ident"$/);
+    assert.equal(batches[1], 'SELECT 2');
+  });
+
+  it('ignores GO in a line comment and words that only start with GO', () => {
+    assert.deepEqual(texts('SELECT 1 -- GO\nGOTO done\ndone:\nGO'), ['SELECT 1 -- GO\nGOTO done\ndone:']);
+  });
+
+  it('drops empty batches, handles CRLF and a BOM, and reports start lines', () => {
+    const batches = splitBatches('\uFEFFSELECT 1\r\nGO\r\n\r\nGO\r\nSELECT 2\r\nSELECT 3\r\n');
+    assert.deepEqual(
+      batches.map((b) => [b.text.trim(), b.line]),
+      [
+        ['SELECT 1', 1],
+        ['SELECT 2\nSELECT 3', 5],
+      ],
+    );
+  });
+
+  it('keeps every CREATE PROCEDURE, FUNCTION and VIEW of sql/mssql first in its batch', async () => {
+    const files = (await readdir(MSSQL_SQL_DIR)).filter((f) => f.endsWith('.sql'));
+    assert.ok(files.includes('demo.sql') && files.some((f) => f.startsWith('0001_')), 'the scripts are where the migrator looks');
+    for (const file of files) {
+      const batches = splitBatches(await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8'));
+      assert.ok(batches.length > 0, file);
+      for (const batch of batches) {
+        const code = batch.text.replace(/\/\*[\s\S]*?\*\//g, '').replace(/--.*$/gm, '').trim();
+        if (/\bCREATE\s+(OR\s+ALTER\s+)?(PROCEDURE|FUNCTION|VIEW|TRIGGER)\b/i.test(code.replace(/N?'(?:[^']|'')*'/g, "''"))) {
+          assert.match(code, /^CREATE\s+(OR\s+ALTER\s+)?(PROCEDURE|FUNCTION|VIEW|TRIGGER)\b/i, `${file}:${batch.line} must start its batch`);
+        }
+      }
+    }
+  });
+});
+
+describe('mssql: DATABASE_URL', () => {
+  it('parses user, password, host, port, database and options', () => {
+    const { config, database } = parseMssqlUrl(
+      'mssql://sa:p%40ss%3Aw%2Frd@db.example.com:14330/asyncproc?encrypt=false&trustServerCertificate=true&requestTimeout=30000&poolMax=20',
+    );
+    assert.equal(database, 'asyncproc');
+    assert.equal(config.server, 'db.example.com');
+    assert.equal(config.port, 14330);
+    assert.equal(config.user, 'sa');
+    assert.equal(config.password, 'p@ss:w/rd');
+    assert.equal(config.database, 'asyncproc');
+    assert.equal(config.requestTimeout, 30000);
+    assert.equal(config.options?.encrypt, false);
+    assert.equal(config.options?.trustServerCertificate, true);
+    assert.equal(config.pool?.max, 20);
+  });
+
+  it('accepts sqlserver://, defaults to encryption with a verified certificate', () => {
+    const { config } = parseMssqlUrl('sqlserver://app@localhost/orders');
+    assert.equal(config.server, 'localhost');
+    assert.equal(config.port, undefined);
+    assert.equal(config.user, 'app');
+    assert.equal(config.password, undefined);
+    assert.equal(config.options?.encrypt, true);
+    assert.equal(config.options?.trustServerCertificate, false);
+  });
+
+  it('takes a named instance instead of a port', () => {
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db?instanceName=SQLEXPRESS').config.options?.instanceName, 'SQLEXPRESS');
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host:1433/db?instanceName=X'), /port or instanceName/);
+  });
+
+  it('refuses other schemes, a missing database, unknown options and bad values', () => {
+    assert.throws(() => parseMssqlUrl('postgres://u:p@host/db'), /mssql:\/\//);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host'), /database/);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host/a/b'), /database/);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host/db?colour=blue'), /unknown option "colour"/);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host/db?encrypt=maybe'), /encrypt must be true or false/);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host/db?requestTimeout=soon'), /requestTimeout/);
+    assert.throws(() => parseMssqlUrl('not a url'), /not a valid URL/);
+  });
+});
+
+describe('mssql: JSON ⇄ SQL values', () => {
+  it('encodes arguments as the JSON SQL Server converts from', () => {
+    const json = encodeArguments({
+      when: new Date('2024-03-01T12:34:56.789Z'),
+      big: 9007199254740993n,
+      bytes: Buffer.from([0, 1, 2, 254, 255]),
+      view: new Uint8Array([104, 105]),
+      flag: true,
+      name: 'x',
+      nothing: null,
+      skipped: undefined,
+      nested: { list: [1, 'two', null] },
+    });
+    assert.deepEqual(JSON.parse(json), {
+      when: '2024-03-01T12:34:56.789', // UTC, no zone designator: datetime2 and datetime both parse it
+      big: '9007199254740993', // exact, as text
+      bytes: 'AAEC/v8=', // base64, what OPENJSON ... WITH decodes into varbinary
+      view: 'aGk=',
+      flag: true,
+      name: 'x',
+      nothing: null,
+      nested: { list: [1, 'two', null] },
+    });
+  });
+
+  it('refuses what has no SQL value, with INVALID_ARGUMENTS', () => {
+    const refused = (value: unknown, pattern: RegExp) =>
+      assert.throws(
+        () => encodeArguments(value),
+        (error: unknown) => error instanceof EngineError && error.code === 'INVALID_ARGUMENTS' && pattern.test(error.message),
+      );
+    refused({ a: Number.NaN }, /arguments\.a/);
+    refused({ a: { b: [1, Infinity] } }, /arguments\.a\.b\[1\]/);
+    refused({ f: () => 1 }, /function/);
+    refused({ d: new Date('nope') }, /invalid date/);
+    refused([1, 2], /JSON object/);
+    refused('{"a":1}', /JSON object/);
+    assert.equal(encodeArguments(null), '{}');
+  });
+
+  it('keeps plain JSON values as they are', () => {
+    assert.deepEqual(toSqlJson({ a: 1.5, b: -2, c: 'é', d: false }), { a: 1.5, b: -2, c: 'é', d: false });
+  });
+
+  it('turns exact numerics back into numbers only when a double holds them exactly', () => {
+    assert.equal(fromSqlOutput('42', 'bigint'), 42);
+    assert.equal(fromSqlOutput('9007199254740993', 'bigint'), '9007199254740993');
+    assert.equal(fromSqlOutput('3.50', 'decimal(10,2)'), 3.5);
+    assert.equal(fromSqlOutput('-0.10', 'numeric(5,2)'), -0.1);
+    assert.equal(fromSqlOutput('100.00', 'money'), 100);
+    assert.equal(fromSqlOutput('12345678901234567890.12', 'decimal(38,2)'), '12345678901234567890.12');
+    assert.equal(fromSqlOutput('7', 'int'), '7', 'only exact numerics travel as text');
+    assert.equal(fromSqlOutput(7, 'int'), 7);
+    assert.equal(fromSqlOutput('abc', 'decimal(5,2)'), 'abc');
+    assert.equal(fromSqlOutput(null, 'bigint'), null);
+  });
+
+  it('decodes a stored result: return value, typed output parameters, rows', () => {
+    const stored = JSON.stringify({
+      returnValue: 0,
+      outputParameters: { total: 42, big: '12345678901234567890', price: '9.90', at: '2024-03-01T12:00:00', blob: 'AAE=' },
+      outputTypes: { total: 'int', big: 'bigint', price: 'decimal(10,2)', at: 'datetime2(7)', blob: 'varbinary(max)' },
+      rows: null,
+    });
+    assert.deepEqual(decodeResult(stored), {
+      returnValue: 0,
+      outputParameters: { total: 42, big: '12345678901234567890', price: 9.9, at: '2024-03-01T12:00:00', blob: 'AAE=' },
+      rows: null,
+    });
+    assert.deepEqual(decodeResult('{"returnValue":5,"outputParameters":null,"outputTypes":null,"rows":null}'), {
+      returnValue: 5,
+      outputParameters: null,
+      rows: null,
+    });
+    assert.equal(decodeResult(null), null);
+  });
+
+  it('reports OUTPUT parameters as OUT and the rest as IN', () => {
+    assert.equal(parameterMode(true), 'OUT');
+    assert.equal(parameterMode(false), 'IN');
+  });
+});
+
+describe('mssql: cursors and errors', () => {
+  it('round-trips a rowversion through its cursor text, which orders like the rowversion', () => {
+    const low = Buffer.from('00000000000007D0', 'hex');
+    const high = Buffer.from('0000000000010000', 'hex');
+    assert.equal(cursorFromRowversion(low), '0x00000000000007D0');
+    assert.deepEqual(rowversionFromCursor('0x00000000000007d0'), low);
+    assert.ok(cursorFromRowversion(low) < cursorFromRowversion(high));
+    assert.throws(() => cursorFromRowversion(Buffer.alloc(4)), /8 bytes/);
+  });
+
+  it('refuses malformed cursors with BAD_USER_INPUT', () => {
+    for (const bad of ['', '0x123', '00000000000007D0', '0x00000000000007DG', '0x00000000000007D00']) {
+      assert.throws(
+        () => rowversionFromCursor(bad),
+        (error: unknown) => error instanceof EngineError && error.code === 'BAD_USER_INPUT',
+        bad,
+      );
+    }
+  });
+
+  it('maps the THROW numbers of usp_AsyncExecInvoke onto engine error codes', () => {
+    const thrown = (number: number, message: string) => {
+      const error = new sql.RequestError(message, 'EREQUEST');
+      error.number = number;
+      return error;
+    };
+    const expect = (number: number, code: string | undefined) => {
+      const mapped = mapDatabaseError(thrown(number, `error ${number}`));
+      if (code === undefined) assert.ok(!(mapped instanceof EngineError), `${number} is unexpected`);
+      else {
+        assert.ok(mapped instanceof EngineError);
+        assert.equal(mapped.code, code);
+        assert.equal(mapped.message, `error ${number}`);
+        assert.ok(mapped.cause instanceof sql.RequestError);
+      }
+    };
+    expect(50001, 'UNKNOWN_PROCEDURE');
+    expect(50002, 'INVALID_ARGUMENTS');
+    expect(50003, 'UNKNOWN_QUEUE');
+    expect(50005, 'BAD_USER_INPUT');
+    expect(50000, undefined);
+    expect(1205, undefined);
+    assert.ok(mapDatabaseError('plain text') instanceof Error);
+  });
+});
