@@ -195,6 +195,8 @@ export interface Engine<Tx = unknown> {
   withTransaction<T>(fn: (tx: Tx) => Promise<T>): Promise<T>;
   /** Enqueue inside the caller's open transaction; nothing is visible until it commits. */
   invoke(tx: Tx, call: InvokeCall): Promise<Execution>;
+  /** Optional fast path: enqueue all of `calls` in one new transaction, all or none (in order). */
+  submit?(calls: readonly InvokeCall[]): Promise<Execution[]>;
   getExecution(token: string): Promise<Execution | null>;
   getExecutions(tokens: readonly string[]): Promise<Execution[]>;
   listExecutions(filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage>;

@@ -47,6 +47,7 @@ export async function submitAll(inputs: readonly InvokeInputShape[], context: Co
   }
   const calls = inputs.map((input) => toCall(input, context));
   const { engine } = context;
+  if (engine.submit) return guard(() => engine.submit!(calls));
   return guard(() =>
     engine.withTransaction(async (tx) => {
       const executions: Execution[] = [];

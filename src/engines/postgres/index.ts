@@ -4,7 +4,7 @@ import type { Logger } from '../../logger.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
-import { invoke } from './invoke.js';
+import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate } from './migrator.js';
@@ -85,6 +85,13 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       own?.push(execution);
       return execution;
     });
+  }
+
+  async submit(calls: readonly InvokeCall[]): Promise<Execution[]> {
+    if (!calls.length) return [];
+    const executions = await submitMany(this.pool, calls);
+    this.announce(executions);
+    return executions;
   }
 
   private announce(executions: Execution[]): void {

@@ -3,6 +3,12 @@ import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
+function checkArguments(call: InvokeCall): void {
+  if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
+    throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
+  }
+}
+
 /**
  * Enqueue one call on the caller's open transaction (any pg client inside BEGIN).
  * Validation happens in asyncproc.submit itself, so plain SQL callers get the same checks.
@@ -10,9 +16,7 @@ import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
  * otherwise they are part of the transaction.
  */
 export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false): Promise<Execution> {
-  if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
-    throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
-  }
+  checkArguments(call);
   try {
     const { rows } = await tx.query<ExecutionRow>(
       `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7) e`,
@@ -27,6 +31,25 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
       ],
     );
     return toExecution(rows[0]);
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
+}
+
+/** All calls in one statement (so one transaction, one round trip): all or none, in order. */
+export async function submitMany(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<Execution[]> {
+  for (const call of calls) checkArguments(call);
+  try {
+    const { rows } = await pool.query<ExecutionRow>(
+      `select ${EXECUTION_COLUMNS}
+         from jsonb_array_elements($1::jsonb) with ordinality c (call, n),
+              lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
+                                       (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
+                                       c.call ->> 'submittedBy', true) e
+        order by c.n`,
+      [JSON.stringify(calls)],
+    );
+    return rows.map(toExecution);
   } catch (error) {
     throw mapDatabaseError(error);
   }
