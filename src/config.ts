@@ -15,6 +15,8 @@ const schema = z.object({
     .optional(),
   /** Embedded PostgreSQL data folder; `.data` when unset. */
   ASYNCPROC_DATA_DIR: z.string().min(1).optional(),
+  /** false: DATABASE_URL is required (the production image sets this). */
+  ASYNCPROC_EMBEDDED: flag.default(true),
   ASYNCPROC_EMBEDDED_PORT: z.coerce.number({ message: 'expected a port number' }).int().min(1).max(65535).default(54329),
   ASYNCPROC_DEMO: flag.optional(),
   ASYNCPROC_ACTIVATOR: flag.default(true),
@@ -36,7 +38,12 @@ export class ConfigError extends Error {
 /** Read and validate the configuration; a bad value fails with a message naming the variable. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   const known = Object.fromEntries(Object.keys(schema.shape).map((key) => [key, env[key] === '' ? undefined : env[key]]));
-  const parsed = schema.safeParse(known);
+  const parsed = schema
+    .refine((c) => c.ASYNCPROC_EMBEDDED || c.DATABASE_URL, {
+      path: ['DATABASE_URL'],
+      message: 'required when ASYNCPROC_EMBEDDED=false (the production start runs against an existing database)',
+    })
+    .safeParse(known);
   if (!parsed.success) {
     const problems = parsed.error.issues.map((issue) => `${issue.path.join('.')}=${JSON.stringify(env[String(issue.path[0])])}: ${issue.message}`);
     throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);

@@ -37,6 +37,11 @@ describe('configuration from the environment', () => {
     });
   }
 
+  it('ASYNCPROC_EMBEDDED=false requires DATABASE_URL', () => {
+    assert.throws(() => loadConfig({ ASYNCPROC_EMBEDDED: 'false' }), /DATABASE_URL=undefined: required/);
+    assert.equal(loadConfig({ ASYNCPROC_EMBEDDED: 'false', DATABASE_URL: 'postgres://h/db' }).ASYNCPROC_EMBEDDED, false);
+  });
+
   it('a bad value stops the service with that message', () => {
     const result = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
       cwd: fileURLToPath(new URL('..', import.meta.url)),
