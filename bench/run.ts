@@ -25,6 +25,34 @@ const LATENCY = Number(process.env.BENCH_LATENCY ?? 500);
 const CONCURRENCY = 10;
 
 const results: [string, string, string][] = [];
+
+/** CPU time (ms) used so far by the PostgreSQL cluster: the postmaster and its children. */
+let postmasterPid = 0;
+async function clusterCpuMs(): Promise<number> {
+  const { readdir, readFile } = await import('node:fs/promises');
+  let ticks = 0;
+  for (const entry of await readdir('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    if (Number(fields[1]) === postmasterPid) ticks += Number(fields[11]) + Number(fields[12]);
+    // the postmaster's own time, and that of its children that have exited (cutime, cstime)
+    if (Number(entry) === postmasterPid) ticks += Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
+  }
+  return ticks * 10; // USER_HZ = 100
+}
+function nodeCpuMs(): number {
+  const { user, system } = process.cpuUsage();
+  return (user + system) / 1000;
+}
+/** CPU microseconds per item spent by this process and by the database while `fn` ran. */
+async function measured<T>(items: number, fn: () => Promise<T>): Promise<T & { cpu: string }> {
+  const [n0, p0] = [nodeCpuMs(), await clusterCpuMs()];
+  const result = await fn();
+  const [n1, p1] = [nodeCpuMs(), await clusterCpuMs()];
+  const per = (ms: number) => ((ms * 1000) / items).toFixed(0);
+  return { ...result, cpu: `CPU/call: node ${per(n1 - n0)} µs + postgres ${per(p1 - p0)} µs` };
+}
 const report = (what: string, ours: string, peer = '') => {
   results.push([what, ours, peer]);
   console.log(`  ${what}: ${ours}${peer ? `   (graphile-worker: ${peer})` : ''}`);
@@ -69,11 +97,14 @@ async function benchAsyncproc(serverUrl: string) {
   await engine.installDemo();
   await query(url, `select count(asyncproc.invoke('demo.noop')) from generate_series(1, $1)`, [DRAIN]);
   await query(url, 'vacuum analyze asyncproc.executions');
-  const t0 = performance.now();
-  const activator = await engine.startActivator({ workerId: 'bench' });
-  await waitDrained(url, `select count(*) as n from asyncproc.executions where status in ('PENDING', 'RUNNING')`);
-  const seconds = (performance.now() - t0) / 1000;
-  await activator.close();
+  const drain = await measured(DRAIN, async () => {
+    const t0 = performance.now();
+    const activator = await engine.startActivator({ workerId: 'bench' });
+    await waitDrained(url, `select count(*) as n from asyncproc.executions where status in ('PENDING', 'RUNNING')`);
+    const seconds = (performance.now() - t0) / 1000;
+    await activator.close();
+    return { seconds };
+  });
   const failed = Number((await query(url, `select count(*) as n from asyncproc.executions where status <> 'SUCCEEDED'`)).rows[0].n);
   if (failed) throw new Error(`${failed} calls did not succeed`);
   await engine.close();
@@ -117,7 +148,7 @@ async function benchAsyncproc(serverUrl: string) {
   await ws.dispose();
   await app.stop();
   latencies.sort((a, b) => a - b);
-  return { drainRate: DRAIN / seconds, invokeRate, latencies };
+  return { drainRate: DRAIN / drain.seconds, drainCpu: drain.cpu, invokeRate, latencies };
 }
 
 async function benchGraphileWorker(serverUrl: string) {
@@ -130,18 +161,23 @@ async function benchGraphileWorker(serverUrl: string) {
   await runMigrations({ connectionString: url, logger });
   await query(url, `select count(graphile_worker.add_job('noop')) from generate_series(1, $1)`, [DRAIN]);
   await query(url, 'vacuum analyze');
-  const t0 = performance.now();
-  const runner = await run({ connectionString: url, concurrency: CONCURRENCY, noHandleSignals: true, pollInterval: 1000, logger, taskList: { noop: async () => undefined } });
-  await waitDrained(url, 'select count(*) as n from graphile_worker.jobs');
-  const seconds = (performance.now() - t0) / 1000;
-  await runner.stop();
-  return { drainRate: DRAIN / seconds };
+  const drain = await measured(DRAIN, async () => {
+    const t0 = performance.now();
+    const runner = await run({ connectionString: url, concurrency: CONCURRENCY, noHandleSignals: true, pollInterval: 1000, logger, taskList: { noop: async () => undefined } });
+    await waitDrained(url, 'select count(*) as n from graphile_worker.jobs');
+    const seconds = (performance.now() - t0) / 1000;
+    await runner.stop();
+    return { seconds };
+  });
+  return { drainRate: DRAIN / drain.seconds, drainCpu: drain.cpu };
 }
 
 async function main() {
   const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-bench-'));
   await chmod(dir, 0o755);
   const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
+  const { readFile } = await import('node:fs/promises');
+  postmasterPid = Number((await readFile(path.join(server.dataDir, 'postmaster.pid'), 'utf8')).split('\n')[0]);
   try {
     const version = (await query(server.url, 'show server_version')).rows[0].server_version;
     console.log(`asyncproc benchmark — embedded PostgreSQL ${version}, default settings, Node ${process.version}, ${(await import('node:os')).cpus().length} cores`);
@@ -149,6 +185,7 @@ async function main() {
     const peer = await benchGraphileWorker(server.url);
     console.log('');
     report(`drain ${DRAIN} no-op calls, concurrency ${CONCURRENCY}`, `${ours.drainRate.toFixed(0)} calls/s`, `${peer.drainRate.toFixed(0)} jobs/s`);
+    report('  drain cost', ours.drainCpu, peer.drainCpu);
     report(`GraphQL invoke, ${CONCURRENCY} concurrent HTTP clients`, `${ours.invokeRate.toFixed(0)} mutations/s`);
     report(
       `mutation response → executionCompleted (graphql-ws), ${LATENCY} sequential`,

@@ -289,6 +289,7 @@ declare
   v_message    text;
   v_detail     text;
   v_context    text;
+  succeeded    boolean := false;
 begin
   select e.arguments, e.status, r.proc, p.prokind, p.proretset, p.prorettype,
          format('%I.%I', n.nspname, p.proname) as routine
@@ -332,14 +333,16 @@ begin
                                   'outputParameters', null, 'rows', null)
         end;
       end if;
-      select f.done_seq, f.done_status into run.done_seq, run.done_status from asyncproc.finish(execution_id, true, outcome) f;
+      succeeded := true;
     exception when others then
       -- the block's implicit savepoint has undone the call's writes; record the failure instead
       get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
                               v_detail = pg_exception_detail, v_context = pg_exception_context;
-      select f.done_seq, f.done_status into run.done_seq, run.done_status
-        from asyncproc.finish(execution_id, false, null, v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
     end;
+    -- outside the block, so the outcome is written by the main transaction, not a subtransaction
+    select f.done_seq, f.done_status into run.done_seq, run.done_status
+      from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
+                            v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
   end if;
 
   perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
