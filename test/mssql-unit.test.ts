@@ -104,6 +104,59 @@ describe('mssql: GO batch splitting', () => {
   });
 });
 
+/** A script with comments and string literals blanked out (same length, so offsets hold). */
+function codeOnly(text: string): string {
+  return text
+    .replace(/\/\*[\s\S]*?\*\//g, (m) => m.replace(/[^\n]/g, ' '))
+    .replace(/--[^\n]*/g, (m) => ' '.repeat(m.length))
+    .replace(/N?'(?:[^']|'')*'/g, (m) => `'${' '.repeat(Math.max(0, m.length - 2))}'`);
+}
+
+async function scripts(): Promise<Array<{ file: string; text: string }>> {
+  const files = (await readdir(MSSQL_SQL_DIR)).filter((f) => f.endsWith('.sql')).sort();
+  return Promise.all(files.map(async (file) => ({ file, text: await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8') })));
+}
+
+describe('mssql: T-SQL rules checked without a server', () => {
+  it('ends the statement before every THROW, SEND, RECEIVE and WAITFOR (RECEIVE) with a semicolon', async () => {
+    // THROW, SEND and RECEIVE docs: "the preceding statement must be terminated with a semicolon"
+    for (const { file, text } of await scripts()) {
+      for (const batch of splitBatches(text)) {
+        const code = codeOnly(batch.text);
+        for (const match of code.matchAll(/(?<![@\w])(THROW|SEND\s+ON|WAITFOR\s*\(\s*RECEIVE|RECEIVE)\b/gi)) {
+          if (/^RECEIVE/i.test(match[0]) && /WAITFOR\s*\(\s*$/i.test(code.slice(0, match.index))) continue;
+          const before = code.slice(0, match.index).trimEnd();
+          const line = batch.line + code.slice(0, match.index).split('\n').length - 1;
+          assert.ok(
+            before === '' || before.endsWith(';') || /\b(BEGIN|BEGIN\s+TRY|BEGIN\s+CATCH|AS)$/i.test(before),
+            `${file}:${line}: the statement before ${match[0]} must end with a semicolon`,
+          );
+        }
+      }
+    }
+  });
+
+  it('sets the SET options xml methods need in every procedure that activation runs', async () => {
+    // Internal Activation Context: the session has "the default options for the database"
+    const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
+    const procedures = splitBatches(text).filter((b) => /^\s*CREATE\s+PROCEDURE/im.test(codeOnly(b.text)));
+    assert.ok(procedures.length >= 3);
+    for (const batch of procedures) {
+      for (const option of ['ANSI_WARNINGS ON', 'ANSI_PADDING ON', 'ARITHABORT ON', 'CONCAT_NULL_YIELDS_NULL ON', 'NUMERIC_ROUNDABORT OFF']) {
+        assert.match(batch.text, new RegExp(`SET ${option};`), `${batch.text.match(/CREATE PROCEDURE (\S+)/)?.[1]}: SET ${option}`);
+      }
+    }
+  });
+
+  it('keeps poison-message handling off and activation procedures running as owner', async () => {
+    const all = (await scripts()).map((s) => codeOnly(s.text)).join('\n');
+    const text = (await scripts()).map((s) => s.text).join('\n');
+    assert.match(text, /CREATE QUEUE asyncexec\.AsyncExecNotifyQueue[\s\S]*?POISON_MESSAGE_HANDLING \(STATUS = OFF\);/);
+    assert.match(text, /MAX_QUEUE_READERS = [\s\S]*?EXECUTE AS OWNER\), POISON_MESSAGE_HANDLING \(STATUS = OFF\);/);
+    assert.doesNotMatch(all, /WITH\s+CLEANUP/i, 'END CONVERSATION docs: do not use WITH CLEANUP in application code');
+  });
+});
+
 describe('mssql: DATABASE_URL', () => {
   it('parses user, password, host, port, database and options', () => {
     const { config, database } = parseMssqlUrl(

@@ -99,4 +99,6 @@ CREATE TABLE asyncexec.AsyncExecErrors (
     error_number         int              NULL,
     error_message        nvarchar(4000)   NULL
 );
+-- the readers count a dialog's failures here (our poison-message handling)
+CREATE INDEX IX_AsyncExecErrors_conversation ON asyncexec.AsyncExecErrors (conversation_handle);
 GO

@@ -30,7 +30,8 @@ GO
 -- The notification queue: read by the service's listener (WAITFOR (RECEIVE …)),
 -- so it has no activation. Poison-message handling is off on every queue of ours:
 -- a disabled queue would stop everything behind one bad message, and our readers
--- never roll back a RECEIVE because of a call's failure.
+-- never roll back a RECEIVE because of a call's failure. The request queues' readers
+-- handle poison messages themselves (usp_AsyncExecAbandon, after five failures).
 CREATE QUEUE asyncexec.AsyncExecNotifyQueue
     WITH STATUS = ON,
          RETENTION = OFF,

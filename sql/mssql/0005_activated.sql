@@ -15,7 +15,17 @@
 -- and the lease timer's DialogTimer message brings the call back (counted as a recovery).
 
 -- Errors recorded on calls: 50001 the procedure disappeared, 50010 the call's session
--- was lost five times, 50011 the call's dialog ended before the call finished.
+-- was lost five times, 50011 the call's dialog ended before the call finished, 50012 the
+-- call's messages could not be handled five times (our own poison-message handling).
+--
+-- SET options: an activated procedure runs on a background session with "the default
+-- options for the database" (Internal Activation Context), which are OFF for
+-- ANSI_WARNINGS, ANSI_PADDING, ARITHABORT and CONCAT_NULL_YIELDS_NULL unless the
+-- database was altered. xml data type methods (.value below) fail unless these are ON
+-- and NUMERIC_ROUNDABORT is OFF, and our string building relies on NULL + text = NULL.
+-- So every procedure here sets them itself (ANSI_NULLS and QUOTED_IDENTIFIER are fixed
+-- when a procedure is created; the migrator's connection has both ON). The called
+-- procedures inherit them, i.e. they run with the options an ordinary client has.
 
 CREATE PROCEDURE asyncexec.usp_AsyncExecRun
     @id    bigint,
@@ -25,6 +35,11 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT OFF;   -- a call's ordinary error must leave our transaction usable
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
     DECLARE @args nvarchar(max), @registered nvarchar(261), @target nvarchar(300), @names nvarchar(max),
             @declare nvarchar(max), @assign nvarchar(max), @execArgs nvarchar(max), @outputs nvarchar(max),
             @types nvarchar(max), @sql nvarchar(max), @result nvarchar(max), @failed bit = 0,
@@ -175,6 +190,83 @@ BEGIN
 END;
 GO
 
+-- Our poison-message handling: take a call's messages off its queue for good, fail the
+-- call (50012) unless it is finished or a live reader holds it, and end the dialog.
+CREATE PROCEDURE asyncexec.usp_AsyncExecAbandon
+    @queue      nvarchar(100),
+    @h          uniqueidentifier,   -- the target side of the call's dialog
+    @id         bigint = NULL,
+    @errMessage nvarchar(4000) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @resource nvarchar(255), @cursor varchar(18), @reply xml;
+    DECLARE @changed TABLE (v binary(8));
+
+    SELECT @receive = N'RECEIVE TOP (1) @x = conversation_handle FROM asyncexec.' + QUOTENAME(queue_object)
+                    + N' WHERE conversation_handle = @h;'
+    FROM asyncexec.AsyncExecQueues
+    WHERE name = @queue;
+    IF @id IS NULL
+        SELECT @id = id FROM asyncexec.AsyncExecResults WHERE target_handle = @h;
+
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        -- RECEIVE first: it locks the dialog's conversation group before the results row,
+        -- in the same order as a reader's claim.
+        IF @receive IS NOT NULL
+            EXEC sys.sp_executesql @receive, N'@h uniqueidentifier, @x uniqueidentifier OUTPUT', @h = @h, @x = @x OUTPUT;
+        IF @id IS NOT NULL
+        BEGIN
+            SET @resource = CONCAT(N'asyncexec/execution/', @id);
+            EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+            IF @lock < 0
+            BEGIN
+                -- a live reader runs the call: it ends the dialog itself
+                ROLLBACK TRANSACTION;
+                RETURN;
+            END;
+            UPDATE asyncexec.AsyncExecResults
+               SET status = 'FAILED', finished_at = SYSUTCDATETIME(), error_number = 50012, error_severity = 16, error_state = 1,
+                   error_line = NULL, error_procedure = NULL,
+                   error_message = LEFT(CONCAT(N'the call''s messages could not be handled: ', @errMessage), 4000)
+            OUTPUT inserted.row_version INTO @changed (v)
+            WHERE id = @id AND status IN ('WAITING', 'PENDING', 'RUNNING');
+        END;
+        IF EXISTS (SELECT 1 FROM @changed)
+        BEGIN
+            SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
+            SET @reply = (SELECT @id AS [@id], 'FAILED' AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
+            SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+        END;
+        -- Ending the dialog removes its remaining messages from the queue.
+        END CONVERSATION @h;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
+        VALUES (@queue, @id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
+        -- Last resort: end the dialog with an error, which also discards its messages
+        -- (the listener ends the other side on the Error message).
+        BEGIN TRY
+            END CONVERSATION @h WITH ERROR = 50012 DESCRIPTION = N'asyncexec could not handle this call''s messages';
+        END TRY
+        BEGIN CATCH
+            INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
+            VALUES (@queue, @id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
+        END CATCH;
+    END CATCH;
+END;
+GO
+
 -- The reader of one queue (called by that queue's parameterless activation procedure).
 CREATE PROCEDURE asyncexec.usp_AsyncExecActivated
     @queue nvarchar(100)
@@ -182,6 +274,11 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT OFF;
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
     DECLARE @receive nvarchar(max), @h uniqueidentifier, @type sysname, @body varbinary(max), @id bigint,
             @status varchar(10), @runAt datetime2(3), @recoveries int, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
@@ -258,7 +355,11 @@ BEGIN
             ELSE IF @status IS NULL OR @status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
                 SET @end = 1;   -- nothing to run: a late timer, or a purged call
             ELSE IF @status = 'WAITING' AND @runAt > SYSUTCDATETIME()
-                SET @timer = CEILING(DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt) / 1000.0);
+                -- TIMEOUT is an int of seconds: a runAt decades away would overflow it and
+                -- fail this message for good. Wait at most a day; the timer is armed again
+                -- when it fires early (this branch).
+                SET @timer = CAST(CEILING(IIF(DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt) > 86400000, 86400000,
+                                              DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt)) / 1000.0) AS int);
             ELSE
             BEGIN
                 -- PENDING, WAITING and due, or RUNNING whose lease ran out: is its reader gone?
@@ -320,8 +421,17 @@ BEGIN
                 EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
             INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, message_type_name, error_number, error_message)
             VALUES (@queue, @id, @h, @type, @errNumber, @errMessage);
-            -- The message is back on the queue. Return instead of spinning on it: activation
-            -- starts a reader again while the queue holds messages.
+            -- The message is back on the queue, and RECEIVE returns it first again. Poison-
+            -- message handling is off on our queues (ALTER QUEUE: "allows for a custom poison
+            -- message handling system to be defined by the application"), so this is ours:
+            -- after five failures on one dialog, give up on that call instead of letting it
+            -- hold up the queue for ever.
+            IF @h IS NOT NULL
+               AND (SELECT COUNT(*) FROM asyncexec.AsyncExecErrors
+                     WHERE conversation_handle = @h AND message_type_name IS NOT NULL) >= 5
+                EXEC asyncexec.usp_AsyncExecAbandon @queue = @queue, @h = @h, @id = @id, @errMessage = @errMessage;
+            -- Return instead of spinning on the message: activation starts a reader again
+            -- while the queue holds messages.
             RETURN;
         END CATCH;
 

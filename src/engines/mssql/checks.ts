@@ -21,14 +21,15 @@ interface QueueRow {
   object: string;
   found: number | null;
   is_receive_enabled: boolean | null;
+  is_enqueue_enabled: boolean | null;
   is_activation_enabled: boolean | null;
   is_poison_message_handling_enabled: boolean | null;
 }
 
-/** Every queue of ours exists and receives; every request queue has activation on. */
+/** Every queue of ours exists, receives and enqueues; every request queue has activation on. */
 export async function checkQueues(pool: sql.ConnectionPool, logger: Logger): Promise<void> {
   const result = await pool.request().query<QueueRow>(
-    `SELECT w.queue, w.object, sq.object_id AS found, sq.is_receive_enabled, sq.is_activation_enabled,
+    `SELECT w.queue, w.object, sq.object_id AS found, sq.is_receive_enabled, sq.is_enqueue_enabled, sq.is_activation_enabled,
             sq.is_poison_message_handling_enabled
        FROM (SELECT name AS queue, queue_object AS object FROM asyncexec.AsyncExecQueues
              UNION ALL SELECT NULL, N'AsyncExecNotifyQueue') AS w
@@ -41,7 +42,10 @@ export async function checkQueues(pool: sql.ConnectionPool, logger: Logger): Pro
       problems.push(`queue ${target} is missing: run the migrations again`);
       continue;
     }
-    if (!row.is_receive_enabled) problems.push(`queue ${target} has receive disabled: ALTER QUEUE ${target} WITH STATUS = ON;`);
+    // STATUS = OFF (set by hand, or by poison-message handling) turns off both receive and enqueue
+    if (!row.is_receive_enabled || !row.is_enqueue_enabled) {
+      problems.push(`queue ${target} is disabled: ALTER QUEUE ${target} WITH STATUS = ON;`);
+    }
     if (row.queue !== null && !row.is_activation_enabled) {
       problems.push(`queue ${target} has activation disabled: ALTER QUEUE ${target} WITH ACTIVATION (STATUS = ON);`);
     }
