@@ -23,8 +23,10 @@ const DRAIN = Number(process.env.BENCH_DRAIN ?? 20_000);
 const INVOKES = Number(process.env.BENCH_INVOKES ?? 5_000);
 const LATENCY = Number(process.env.BENCH_LATENCY ?? 500);
 const CONCURRENCY = 10;
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 
-const results: [string, string, string][] = [];
+const report = (what: string, ours: string, peer = '') =>
+  console.log(`  ${what}: ${ours}${peer ? `\n      graphile-worker: ${peer}` : ''}`);
 
 /** CPU time (ms) used so far by the PostgreSQL cluster: the postmaster and its children. */
 let postmasterPid = 0;
@@ -45,18 +47,30 @@ function nodeCpuMs(): number {
   const { user, system } = process.cpuUsage();
   return (user + system) / 1000;
 }
-/** CPU microseconds per item spent by this process and by the database while `fn` ran. */
-async function measured<T>(items: number, fn: () => Promise<T>): Promise<T & { cpu: string }> {
-  const [n0, p0] = [nodeCpuMs(), await clusterCpuMs()];
-  const result = await fn();
-  const [n1, p1] = [nodeCpuMs(), await clusterCpuMs()];
-  const per = (ms: number) => ((ms * 1000) / items).toFixed(0);
-  return { ...result, cpu: `CPU/call: node ${per(n1 - n0)} µs + postgres ${per(p1 - p0)} µs` };
+interface Drain {
+  rate: number;
+  nodeUs: number;
+  postgresUs: number;
 }
-const report = (what: string, ours: string, peer = '') => {
-  results.push([what, ours, peer]);
-  console.log(`  ${what}: ${ours}${peer ? `   (graphile-worker: ${peer})` : ''}`);
-};
+
+/** Rate and CPU microseconds per call of this process and of the database while `fn` drains `items`. */
+async function measureDrain(items: number, fn: () => Promise<void>): Promise<Drain> {
+  const [n0, p0, t0] = [nodeCpuMs(), await clusterCpuMs(), performance.now()];
+  await fn();
+  const [n1, p1, t1] = [nodeCpuMs(), await clusterCpuMs(), performance.now()];
+  return { rate: items / ((t1 - t0) / 1000), nodeUs: ((n1 - n0) * 1000) / items, postgresUs: ((p1 - p0) * 1000) / items };
+}
+
+function median(drains: Drain[]): Drain {
+  const mid = (values: number[]) => values.sort((a, b) => a - b)[Math.floor(values.length / 2)];
+  return {
+    rate: mid(drains.map((d) => d.rate)),
+    nodeUs: mid(drains.map((d) => d.nodeUs)),
+    postgresUs: mid(drains.map((d) => d.postgresUs)),
+  };
+}
+
+const describeDrain = (d: Drain) => `${d.rate.toFixed(0)}/s, CPU per call: node ${d.nodeUs.toFixed(0)} µs + postgres ${d.postgresUs.toFixed(0)} µs`;
 
 function percentile(sorted: number[], p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
@@ -87,28 +101,39 @@ async function waitDrained(url: string, countSql: string): Promise<void> {
   }
 }
 
-async function benchAsyncproc(serverUrl: string) {
-  await query(serverUrl, 'create database bench_asyncproc');
-  const url = serverUrl.replace(/\/postgres$/, '/bench_asyncproc');
-
-  // drain: queue everything first, then start the worker pool
+/** One drain round: queue DRAIN no-op calls, then run them with the worker pool at concurrency 10. */
+async function drainAsyncproc(url: string): Promise<Drain> {
   const engine = createPostgresEngine({ connectionString: url });
   await engine.migrate();
   await engine.installDemo();
   await query(url, `select count(asyncproc.invoke('demo.noop')) from generate_series(1, $1)`, [DRAIN]);
-  await query(url, 'vacuum analyze asyncproc.executions');
-  const drain = await measured(DRAIN, async () => {
-    const t0 = performance.now();
+  await query(url, 'vacuum analyze');
+  const drain = await measureDrain(DRAIN, async () => {
     const activator = await engine.startActivator({ workerId: 'bench' });
     await waitDrained(url, `select count(*) as n from asyncproc.executions where status in ('PENDING', 'RUNNING')`);
-    const seconds = (performance.now() - t0) / 1000;
     await activator.close();
-    return { seconds };
   });
   const failed = Number((await query(url, `select count(*) as n from asyncproc.executions where status <> 'SUCCEEDED'`)).rows[0].n);
   if (failed) throw new Error(`${failed} calls did not succeed`);
   await engine.close();
+  return drain;
+}
 
+/** The same for graphile-worker: DRAIN jobs of a no-op task at concurrency 10. */
+async function drainGraphileWorker(url: string): Promise<Drain> {
+  const { run, runMigrations, Logger } = await import('graphile-worker');
+  const logger = new Logger(() => () => undefined);
+  await runMigrations({ connectionString: url, logger });
+  await query(url, `select count(graphile_worker.add_job('noop')) from generate_series(1, $1)`, [DRAIN]);
+  await query(url, 'vacuum analyze');
+  return measureDrain(DRAIN, async () => {
+    const runner = await run({ connectionString: url, concurrency: CONCURRENCY, noHandleSignals: true, pollInterval: 1000, logger, taskList: { noop: async () => undefined } });
+    await waitDrained(url, 'select count(*) as n from graphile_worker.jobs');
+    await runner.stop();
+  });
+}
+
+async function benchService(url: string) {
   // the service as deployed: GraphQL server, listener and worker pool in one process
   const config = loadConfig({ DATABASE_URL: url, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent' });
   const app = await startApp(config, silentLogger);
@@ -148,28 +173,7 @@ async function benchAsyncproc(serverUrl: string) {
   await ws.dispose();
   await app.stop();
   latencies.sort((a, b) => a - b);
-  return { drainRate: DRAIN / drain.seconds, drainCpu: drain.cpu, invokeRate, latencies };
-}
-
-async function benchGraphileWorker(serverUrl: string) {
-  const { run, runMigrations } = await import('graphile-worker');
-  await query(serverUrl, 'create database bench_graphile');
-  const url = serverUrl.replace(/\/postgres$/, '/bench_graphile');
-  const logFactory = () => () => undefined;
-  const { Logger } = await import('graphile-worker');
-  const logger = new Logger(logFactory);
-  await runMigrations({ connectionString: url, logger });
-  await query(url, `select count(graphile_worker.add_job('noop')) from generate_series(1, $1)`, [DRAIN]);
-  await query(url, 'vacuum analyze');
-  const drain = await measured(DRAIN, async () => {
-    const t0 = performance.now();
-    const runner = await run({ connectionString: url, concurrency: CONCURRENCY, noHandleSignals: true, pollInterval: 1000, logger, taskList: { noop: async () => undefined } });
-    await waitDrained(url, 'select count(*) as n from graphile_worker.jobs');
-    const seconds = (performance.now() - t0) / 1000;
-    await runner.stop();
-    return { seconds };
-  });
-  return { drainRate: DRAIN / drain.seconds, drainCpu: drain.cpu };
+  return { invokeRate, latencies };
 }
 
 async function main() {
@@ -181,11 +185,21 @@ async function main() {
   try {
     const version = (await query(server.url, 'show server_version')).rows[0].server_version;
     console.log(`asyncproc benchmark — embedded PostgreSQL ${version}, default settings, Node ${process.version}, ${(await import('node:os')).cpus().length} cores`);
-    const ours = await benchAsyncproc(server.url);
-    const peer = await benchGraphileWorker(server.url);
+    await query(server.url, 'create database bench_asyncproc');
+    await query(server.url, 'create database bench_graphile');
+    const ourUrl = server.url.replace(/\/postgres$/, '/bench_asyncproc');
+    const peerUrl = server.url.replace(/\/postgres$/, '/bench_graphile');
+    // rounds alternate, so a noisy moment of the machine hits both; medians are reported
+    const ourDrains: Drain[] = [];
+    const peerDrains: Drain[] = [];
+    for (let round = 1; round <= ROUNDS; round++) {
+      ourDrains.push(await drainAsyncproc(ourUrl));
+      peerDrains.push(await drainGraphileWorker(peerUrl));
+      console.log(`  round ${round}: asyncproc ${describeDrain(ourDrains.at(-1)!)} | graphile-worker ${describeDrain(peerDrains.at(-1)!)}`);
+    }
+    const ours = await benchService(ourUrl);
     console.log('');
-    report(`drain ${DRAIN} no-op calls, concurrency ${CONCURRENCY}`, `${ours.drainRate.toFixed(0)} calls/s`, `${peer.drainRate.toFixed(0)} jobs/s`);
-    report('  drain cost', ours.drainCpu, peer.drainCpu);
+    report(`drain ${DRAIN} no-op calls, concurrency ${CONCURRENCY} (median of ${ROUNDS})`, describeDrain(median(ourDrains)), describeDrain(median(peerDrains)));
     report(`GraphQL invoke, ${CONCURRENCY} concurrent HTTP clients`, `${ours.invokeRate.toFixed(0)} mutations/s`);
     report(
       `mutation response → executionCompleted (graphql-ws), ${LATENCY} sequential`,

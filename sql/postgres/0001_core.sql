@@ -60,6 +60,8 @@ create table asyncproc.ready (
   id    bigint not null,
   primary key (queue, id)
 );
+-- a queue table churns: vacuum it by dead rows, not by a fraction of its (small) size
+alter table asyncproc.ready set (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000);
 
 -- Parameters of every routine, read from the catalog. Defaults belong to the last pronargdefaults input arguments.
 create view asyncproc.parameters as

@@ -138,7 +138,13 @@ class QueueWorkers {
   /** Claim and run until the queue has nothing ready for this slot. */
   private async work(client: pg.Client, worker: string): Promise<void> {
     const { notifier } = this.activator.options;
-    const claimed = (await client.query<{ id: string | null; seq: string }>('select id, seq from asyncproc.claim($1, $2)', [this.name, worker])).rows[0];
+    const claimed = (
+      await client.query<{ id: string | null; seq: string }>({
+        name: 'asyncproc-claim',
+        text: 'select id, seq from asyncproc.claim($1, $2)',
+        values: [this.name, worker],
+      })
+    ).rows[0];
     let next = claimed.id;
     if (next !== null) notifier.event(next, claimed.seq, 'RUNNING');
     while (next !== null) {
@@ -147,11 +153,12 @@ class QueueWorkers {
       const current: string = next;
       try {
         const ran = (
-          await client.query<RunRow>('select done_seq, done_status, next_id, next_seq from asyncproc.run($1, $2, $3)', [
-            current,
-            worker,
-            this.activator.stopping ? null : this.name,
-          ])
+          // a named (prepared) statement: parsed and planned once per connection
+          await client.query<RunRow>({
+            name: 'asyncproc-run',
+            text: 'select done_seq, done_status, next_id, next_seq from asyncproc.run($1, $2, $3)',
+            values: [current, worker, this.activator.stopping ? null : this.name],
+          })
         ).rows[0];
         if (ran.done_seq !== null) notifier.event(current, ran.done_seq, ran.done_status!);
         if (ran.next_id !== null) notifier.event(ran.next_id, ran.next_seq!, 'RUNNING');

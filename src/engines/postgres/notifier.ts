@@ -38,7 +38,8 @@ export class Notifier {
   private kick(): void {
     if (!this.sending && !this.closed) {
       this.sending = true;
-      queueMicrotask(() => void this.flush());
+      // after the current I/O phase, so completions that arrive together go in one NOTIFY
+      setImmediate(() => void this.flush());
     }
   }
 
