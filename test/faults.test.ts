@@ -207,4 +207,33 @@ describe('faults', () => {
       await app.stop();
     }
   });
+
+  it('the database restarted under load: every call completes exactly once and every subscriber hears it', async () => {
+    const tag = 'db-restart';
+    const app = await startTestApp(url);
+    try {
+      const tokens = await invokeSql(Array.from({ length: 20 }, () => ['faults.record_then_sleep', { tag, seconds: 0.4 }] as [string, Record<string, unknown>]));
+      const client = app.ws();
+      const completions = tokens.map((token) =>
+        collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`, variables: { t: token } })),
+      );
+      await waitFor(async () => app.app.hub!.size === tokens.length, 5000, 'subscriptions registered');
+      await waitFor(async () => (await engine.getExecutions(tokens)).some((e) => e.status === 'RUNNING'), 10_000, 'calls running');
+
+      await sql.end();
+      await cluster.server.stop(); // fast shutdown: the running calls' transactions are rolled back
+      await cluster.server.start();
+      sql = await cluster.connect(url);
+
+      const rows = await allFinished(tokens, 60_000);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.filter((r) => r.status !== 'SUCCEEDED')));
+      assert.equal(await ledger(tag), tokens.length, 'each call took effect exactly once');
+      const results = await Promise.all(completions);
+      for (const [i, result] of results.entries()) {
+        assert.deepEqual(result.map((r) => r.data), [{ executionCompleted: { token: tokens[i], status: 'SUCCEEDED' } }]);
+      }
+    } finally {
+      await app.stop();
+    }
+  });
 });
