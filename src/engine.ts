@@ -104,6 +104,20 @@ export interface QueueInfo {
   running: number;
 }
 
+/** One attempt of an execution, as the execution log records it. */
+export interface Attempt {
+  /** 1, 2, …; a run lost with its worker and started again is logged too, with status LOST. */
+  number: number;
+  status: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'LOST';
+  startedAt: Date;
+  finishedAt: Date | null;
+  /** Who ran it (worker id on PostgreSQL, `session <spid>` on SQL Server). */
+  worker: string | null;
+  /** Backend pid (PostgreSQL) or session id (SQL Server). */
+  sessionId: number | null;
+  error: ExecutionError | null;
+}
+
 export interface ExecutionFilter {
   status?: ExecutionStatus[] | null;
   procedure?: string | null;
@@ -208,6 +222,10 @@ export interface Engine<Tx = unknown> {
   listProcedures(): Promise<Procedure[]>;
   registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;
   listQueues(): Promise<QueueInfo[]>;
+  /** Create a named queue or change its concurrency limit (1–1000); BAD_USER_INPUT for a bad name or limit. */
+  configureQueue(name: string, concurrency: number): Promise<QueueInfo>;
+  /** The execution log: every attempt of each execution (by execution id), oldest first. */
+  getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>>;
   /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */
   startActivator(options: ActivatorOptions): Promise<Closeable>;
   /** Start the background listener that feeds completion events. */

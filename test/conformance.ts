@@ -246,5 +246,95 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         await listener.close();
       }
     });
+
+    it('queues: configureQueue creates a queue and changes its limit; bad names and limits are refused', async () => {
+      const name = unique('q');
+      const created = await engine.configureQueue(name, 2);
+      assert.deepEqual({ name: created.name, concurrency: created.concurrency }, { name, concurrency: 2 });
+      const changed = await engine.configureQueue(name, 3);
+      assert.equal(changed.concurrency, 3);
+      assert.equal((await engine.listQueues()).filter((q) => q.name === name).length, 1);
+      for (const [badName, limit] of [
+        ['no spaces allowed', 1],
+        ['', 1],
+        [name, 0],
+        [name, 100_000],
+      ] as const) {
+        await assert.rejects(engine.configureQueue(badName, limit), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT');
+      }
+      assert.equal((await engine.listQueues()).find((q) => q.name === name)?.concurrency, 3, 'a refused change changes nothing');
+      const [execution] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue: name }]);
+      assert.equal(execution.queue, name);
+      const [done] = await finished([execution.token]);
+      assert.equal(done.status, 'SUCCEEDED');
+    });
+
+    it('queues: a flood on one queue does not delay a call on another', async () => {
+      const busy = unique('busy');
+      const other = unique('other');
+      await engine.configureQueue(busy, 1);
+      await engine.configureQueue(other, 1);
+      const flood = await submit(Array.from({ length: 4 }, () => ({ procedure: 'demo.sleep', arguments: { seconds: 1 }, queue: busy })));
+      const [quick] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 1 }, queue: other }]);
+      const [done] = await finished([quick.token], 30_000);
+      const floodNow = await engine.getExecutions(flood.map((e) => e.token));
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.ok(
+        floodNow.filter((e) => e.status === 'SUCCEEDED').length < flood.length,
+        'the other queue finished while the busy one still had work',
+      );
+      const rows = await finished(flood.map((e) => e.token), 60_000);
+      const sorted = rows.map((r) => [r.startedAt!.getTime(), r.finishedAt!.getTime()]).sort((a, b) => a[0] - b[0]);
+      for (let i = 1; i < sorted.length; i++) assert.ok(sorted[i][0] >= sorted[i - 1][1], 'concurrency 1: one at a time');
+    });
+
+    it('runAt: WAITING until then, started no earlier, and promptly after', async () => {
+      const runAt = new Date(Date.now() + 2000);
+      const [execution] = await submit([{ procedure: 'demo.add', arguments: { a: 2, b: 2 }, runAt }]);
+      assert.equal(execution.status, 'WAITING');
+      assert.equal(execution.runAt?.getTime(), runAt.getTime());
+      assert.equal((await engine.getExecution(execution.token))?.status, 'WAITING');
+      const [done] = await finished([execution.token]);
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.ok(done.startedAt!.getTime() >= runAt.getTime(), `started ${done.startedAt!.getTime() - runAt.getTime()} ms before runAt`);
+      assert.ok(done.startedAt!.getTime() - runAt.getTime() < 900, `started ${done.startedAt!.getTime() - runAt.getTime()} ms after runAt`);
+    });
+
+    it('retries: a failing call is attempted maxAttempts times with backoff, each attempt logged', async () => {
+      const message = unique('again');
+      const [execution] = await submit([{ procedure: 'demo.fail', arguments: { message }, maxAttempts: 3 }]);
+      assert.equal(execution.maxAttempts, 3);
+      const [done] = await finished([execution.token], 60_000);
+      assert.equal(done.status, 'FAILED');
+      assert.equal(done.attempts, 3);
+      const history = (await engine.getHistory([done.id])).get(done.id)!;
+      assert.deepEqual(history.map((a) => [a.number, a.status]), [
+        [1, 'FAILED'],
+        [2, 'FAILED'],
+        [3, 'FAILED'],
+      ]);
+      for (const attempt of history) {
+        assert.match(attempt.error!.message, new RegExp(message));
+        assert.ok(attempt.worker && attempt.sessionId, 'who ran it');
+        assert.ok(attempt.finishedAt! >= attempt.startedAt);
+      }
+      for (let i = 1; i < history.length; i++) {
+        const gap = history[i].startedAt.getTime() - history[i - 1].finishedAt!.getTime();
+        assert.ok(gap >= 1000, `backoff before attempt ${i + 1} was ${gap} ms`);
+      }
+    });
+
+    it('history: a call that succeeds has one attempt; an unknown id has none', async () => {
+      const [execution] = await submit([{ procedure: 'demo.add', arguments: { a: 3, b: 4 } }]);
+      const [done] = await finished([execution.token]);
+      const history = await engine.getHistory([done.id, '999999999']);
+      const [attempt] = history.get(done.id)!;
+      assert.equal(history.get(done.id)!.length, 1);
+      assert.equal(attempt.number, 1);
+      assert.equal(attempt.status, 'SUCCEEDED');
+      assert.equal(attempt.startedAt.getTime(), done.startedAt!.getTime());
+      assert.equal(attempt.worker, done.worker);
+      assert.deepEqual(history.get('999999999'), []);
+    });
   });
 }

@@ -126,6 +126,12 @@ describe('faults', () => {
         assert.ok(!done.worker?.includes(`:${doomed.pid}/`), 'finished by another worker');
         assert.equal(done.attempts, 1, 'the lost run does not use up an attempt');
         assert.equal(await ledger(tag), 1, 'the killed run left no effect; the rerun one');
+        const history = (await engine.getHistory([done.id])).get(done.id)!;
+        assert.deepEqual(history.map((a) => [a.number, a.status]), [
+          [1, 'LOST'],
+          [2, 'SUCCEEDED'],
+        ]);
+        assert.ok(history[0].worker?.includes(`:${doomed.pid}/`), 'the lost attempt names the killed worker');
         assert.ok(recoveredIn < 15_000, `recovered in ${recoveredIn} ms`);
       } finally {
         await stopChild(survivor, 'SIGTERM');

@@ -174,6 +174,51 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
   });
 });
 
+describe('queues, delayed runs, retries and the execution log', () => {
+  it('configureQueue creates and changes a queue; invoke can pick it; bad input is BAD_USER_INPUT', async () => {
+    const configure = (name: string, concurrency: number) =>
+      t.gql(`mutation($i: ConfigureQueueInput!) { configureQueue(input: $i) { queue { name concurrency pending running waiting } } }`, {
+        i: { name, concurrency },
+      });
+    const { body } = await configure('reports', 2);
+    assert.deepEqual(body.data.configureQueue.queue, { name: 'reports', concurrency: 2, pending: 0, running: 0, waiting: 0 });
+    assert.equal((await configure('reports', 4)).body.data.configureQueue.queue.concurrency, 4);
+    await expectCode('BAD_USER_INPUT', () => configure('bad name!', 2));
+    await expectCode('BAD_USER_INPUT', () => configure('reports', 0));
+    const queues = (await t.gql(`{ queues { name concurrency } }`)).body.data.queues;
+    assert.deepEqual(queues.find((q: any) => q.name === 'reports'), { name: 'reports', concurrency: 4 });
+    const invoked = await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 }, queue: 'reports' });
+    assert.equal(invoked.body.data.invoke.execution.queue, 'reports');
+  });
+
+  it('runAt keeps a call WAITING until due; maxAttempts retries with every attempt in history', async () => {
+    const runAt = new Date(Date.now() + 1500).toISOString();
+    const delayed = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token status runAt } } }`, {
+      i: { procedure: 'demo.add', arguments: { a: 1, b: 2 }, runAt },
+    });
+    assert.equal(delayed.body.data.invoke.execution.status, 'WAITING');
+    assert.equal(delayed.body.data.invoke.execution.runAt, runAt);
+    const retried = await invoke({ procedure: 'demo.fail', arguments: { message: 'twice' }, maxAttempts: 2 });
+    const done = await finished(delayed.body.data.invoke.execution.token);
+    assert.ok(Date.parse(done.startedAt) >= Date.parse(runAt));
+    const failed = await waitFor(async () => {
+      const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status attempts maxAttempts
+        history { number status startedAt finishedAt worker sessionId error { number message } } } }`, {
+        t: retried.body.data.invoke.execution.token,
+      });
+      return body.data.execution.status === 'FAILED' ? body.data.execution : null;
+    }, 20_000);
+    assert.equal(failed.attempts, 2);
+    assert.equal(failed.maxAttempts, 2);
+    assert.deepEqual(failed.history.map((a: any) => [a.number, a.status, a.error.message]), [
+      [1, 'FAILED', 'twice'],
+      [2, 'FAILED', 'twice'],
+    ]);
+    assert.ok(failed.history.every((a: any) => a.worker && a.sessionId));
+    await expectCode('INVALID_ARGUMENTS', () => invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 }, maxAttempts: 0 }));
+  });
+});
+
 describe('subscriptions', () => {
   it('executionCompleted over graphql-ws: one event when it finishes, then the stream ends', async () => {
     const { body } = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 0.5 } });

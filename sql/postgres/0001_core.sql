@@ -52,6 +52,24 @@ create index executions_seq on asyncproc.executions (seq);
 create index executions_procedure on asyncproc.executions (procedure, id);
 create index executions_finished on asyncproc.executions (finished_at) where finished_at is not null;
 
+-- The execution log. The latest attempt lives in the executions row itself; an attempt
+-- that ends without ending its execution (failed with a retry to come, or lost with
+-- its worker) is moved here, so the happy path writes nothing extra.
+create table asyncproc.attempts (
+  execution_id  bigint not null references asyncproc.executions (id) on delete cascade,
+  number        integer not null,
+  status        text not null check (status in ('FAILED', 'LOST')),
+  started_at    timestamptz not null,
+  finished_at   timestamptz not null,
+  worker        text,
+  backend_pid   integer,
+  error_number  text,
+  error_message text,
+  error_detail  text,
+  error_context text,
+  primary key (execution_id, number)
+);
+
 -- The hot table: one row per PENDING execution, in claim order. Claims scan only this
 -- (a partial index on executions loses to its primary key once statistics say most
 -- rows are pending, and the claim then walks every finished row).
@@ -199,9 +217,8 @@ begin
   end if;
 
   if not quiet then
-    if submitted.status = 'PENDING' then
-      perform pg_notify('asyncproc_wake', queue_name);
-    end if;
+    -- WAITING too: activators then arm a timer for its run_at
+    perform pg_notify('asyncproc_wake', queue_name);
     perform asyncproc.emit(submitted.id, submitted.seq, submitted.status);
   end if;
   return submitted;
@@ -269,6 +286,13 @@ begin
          seq = nextval('asyncproc.change_seq')
    where e.id = execution_id and e.status = 'RUNNING'
   returning e.seq, e.status into finish.done_seq, finish.done_status;
+  if finish.done_status = 'WAITING' then
+    insert into asyncproc.attempts (execution_id, number, status, started_at, finished_at, worker, backend_pid,
+                                    error_number, error_message, error_detail, error_context)
+    select e.id, e.attempts + e.recoveries, 'FAILED', e.started_at, clock_timestamp(), e.worker, e.backend_pid,
+           err_number, err_message, err_detail, err_context
+      from asyncproc.executions e where e.id = execution_id;
+  end if;
 end
 $$;
 
@@ -375,6 +399,10 @@ begin
   loop
     -- holding the lock ourselves proves no live session runs it
     continue when not pg_try_advisory_lock(x'41535943'::integer, asyncproc.lock_key(lost.id));
+    insert into asyncproc.attempts (execution_id, number, status, started_at, finished_at, worker, backend_pid)
+    select e.id, e.attempts + e.recoveries, 'LOST', e.started_at, clock_timestamp(), e.worker, e.backend_pid
+      from asyncproc.executions e
+     where e.id = lost.id and e.status = 'RUNNING' and e.recoveries + 1 < max_recoveries;
     update asyncproc.executions e
        set status = case when e.recoveries + 1 >= max_recoveries then 'FAILED' else 'PENDING' end,
            attempts = e.attempts - 1, recoveries = e.recoveries + 1,
@@ -419,6 +447,26 @@ begin
   end loop;
   return released;
 end
+$$;
+
+-- Create a queue or change its concurrency limit; running activators pick it up at once.
+create function asyncproc.configure_queue(queue_name text, concurrency integer) returns asyncproc.queues
+language plpgsql as $$
+declare
+  configured asyncproc.queues;
+begin
+  insert into asyncproc.queues (name, concurrency) values (queue_name, configure_queue.concurrency)
+  on conflict (name) do update set concurrency = excluded.concurrency
+  returning * into configured;
+  perform pg_notify('asyncproc_queues', queue_name);
+  return configured;
+end
+$$;
+
+-- When the next WAITING call is due (null: none), so activators can wake exactly then.
+create function asyncproc.next_due() returns timestamptz
+language sql stable as $$
+  select min(run_at) from asyncproc.executions where status = 'WAITING'
 $$;
 
 -- Register (or re-register) a routine as invocable.

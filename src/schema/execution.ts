@@ -1,5 +1,6 @@
 import {
   EXECUTION_STATUSES,
+  type Attempt,
   type Execution,
   type ExecutionError,
   type ExecutionEvent,
@@ -39,6 +40,24 @@ const ExecutionResultRef = builder.objectRef<ExecutionResult>('ExecutionResult')
   }),
 });
 
+const AttemptStatusEnum = builder.enumType('AttemptStatus', {
+  description: 'LOST: the worker (or session) running it died; the call was started again.',
+  values: ['RUNNING', 'SUCCEEDED', 'FAILED', 'LOST'] as const,
+});
+
+const AttemptRef = builder.objectRef<Attempt>('Attempt').implement({
+  description: 'One attempt of an execution, from the execution log.',
+  fields: (t) => ({
+    number: t.exposeInt('number'),
+    status: t.field({ type: AttemptStatusEnum, resolve: (a) => a.status }),
+    startedAt: t.expose('startedAt', { type: 'DateTime' }),
+    finishedAt: t.expose('finishedAt', { type: 'DateTime', nullable: true }),
+    worker: t.exposeString('worker', { nullable: true }),
+    sessionId: t.exposeInt('sessionId', { nullable: true }),
+    error: t.field({ type: ExecutionErrorRef, nullable: true, resolve: (a) => a.error }),
+  }),
+});
+
 export const ExecutionRef = builder.objectRef<Execution>('Execution').implement({
   description: 'One requested call of a registered procedure.',
   fields: (t) => ({
@@ -58,6 +77,11 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     result: t.field({ type: ExecutionResultRef, nullable: true, resolve: (e) => e.result }),
     worker: t.exposeString('worker', { nullable: true, description: 'The worker (PostgreSQL) or session (SQL Server) that ran it.' }),
     sessionId: t.exposeInt('sessionId', { nullable: true, description: 'Backend pid (PostgreSQL) or session id (SQL Server).' }),
+    history: t.field({
+      type: [AttemptRef],
+      description: 'Every attempt, oldest first: when it ran, who ran it, how it ended.',
+      resolve: async (e, _args, { engine }) => (await engine.getHistory([e.id])).get(e.id) ?? [],
+    }),
   }),
 });
 

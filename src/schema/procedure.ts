@@ -1,5 +1,6 @@
 import type { Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
 import { builder } from './builder.js';
+import { guard } from './errors.js';
 
 const ParameterModeEnum = builder.enumType('ParameterMode', { values: ['IN', 'OUT', 'INOUT'] as const });
 
@@ -34,6 +35,26 @@ const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
     running: t.exposeInt('running'),
   }),
 });
+
+const ConfigureQueueInput = builder.inputType('ConfigureQueueInput', {
+  fields: (t) => ({
+    name: t.string({ required: true, description: '1–128 characters of A-Z a-z 0-9 _ . : -' }),
+    concurrency: t.int({ required: true, description: 'Calls of this queue that may run at once, across all workers (1–1000).' }),
+  }),
+});
+
+const ConfigureQueuePayload = builder.objectRef<{ queue: QueueInfo }>('ConfigureQueuePayload').implement({
+  fields: (t) => ({ queue: t.field({ type: QueueRef, resolve: (p) => p.queue }) }),
+});
+
+builder.mutationFields((t) => ({
+  configureQueue: t.field({
+    type: ConfigureQueuePayload,
+    description: 'Create a named queue or change its concurrency limit.',
+    args: { input: t.arg({ type: ConfigureQueueInput, required: true }) },
+    resolve: (_root, { input }, { engine }) => guard(async () => ({ queue: await engine.configureQueue(input.name, input.concurrency) })),
+  }),
+}));
 
 builder.queryFields((t) => ({
   procedures: t.field({ type: [ProcedureRef], resolve: (_root, _args, { engine }) => engine.listProcedures() }),

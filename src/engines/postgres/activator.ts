@@ -161,6 +161,7 @@ class QueueWorkers {
           })
         ).rows[0];
         if (ran.done_seq !== null) notifier.event(current, ran.done_seq, ran.done_status!);
+        if (ran.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
         if (ran.next_id !== null) notifier.event(ran.next_id, ran.next_seq!, 'RUNNING');
         next = ran.next_id;
       } catch (error) {
@@ -196,6 +197,9 @@ export class PostgresActivator implements Closeable {
   private ticker: NodeJS.Timeout | null = null;
   private lastPurge = 0;
   private housekeeping: Promise<void> = Promise.resolve();
+  private dueTimer: NodeJS.Timeout | null = null;
+  private scheduling = false;
+  private rescheduling = false;
 
   constructor(readonly options: PostgresActivatorOptions, private readonly pool: pg.Pool) {
     this.tickMs = options.tickMs ?? 1000;
@@ -227,13 +231,20 @@ export class PostgresActivator implements Closeable {
     const connect = async (): Promise<void> => {
       try {
         const client = await this.connect('asyncproc activator');
-        client.on('notification', (msg) => this.queues.get(msg.payload ?? '')?.doorbell.ring());
+        client.on('notification', (msg) => {
+          if (msg.channel === 'asyncproc_queues') {
+            this.housekeeping = this.housekeeping.then(() => this.refreshQueues().catch((err) => this.options.onError?.(toError(err))));
+            return;
+          }
+          this.queues.get(msg.payload ?? '')?.doorbell.ring();
+          this.scheduleDue();
+        });
         client.on('error', () => undefined);
         client.on('end', () => {
           this.waker = null;
           if (!this.stopping) setTimeout(() => void connect(), backoff);
         });
-        await client.query('listen asyncproc_wake');
+        await client.query('listen asyncproc_wake; listen asyncproc_queues');
         this.waker = client;
         backoff = 100;
         // anything enqueued while we were deaf is found now
@@ -259,10 +270,50 @@ export class PostgresActivator implements Closeable {
     }
   }
 
+  /**
+   * Arm one timer for the earliest WAITING call's runAt, so it is released when due,
+   * not on the next tick. Called whenever a call may have started waiting.
+   */
+  scheduleDue(): void {
+    if (this.stopping) return;
+    if (this.scheduling) {
+      this.rescheduling = true;
+      return;
+    }
+    this.scheduling = true;
+    void (async () => {
+      try {
+        do {
+          this.rescheduling = false;
+          const { rows } = await this.pool.query<{ ms: number | null }>(
+            `select extract(epoch from asyncproc.next_due() - clock_timestamp()) * 1000 as ms`,
+          );
+          if (this.dueTimer) clearTimeout(this.dueTimer);
+          this.dueTimer = null;
+          const ms = rows[0].ms === null ? null : Number(rows[0].ms);
+          if (ms !== null && !this.stopping) {
+            this.dueTimer = setTimeout(() => {
+              this.dueTimer = null;
+              this.pool.query('select asyncproc.release_due()').then(
+                () => this.scheduleDue(),
+                (error) => this.options.logger.warn({ err: toError(error) }, 'releasing due calls failed; the tick retries'),
+              );
+            }, Math.min(Math.max(ms, 0), 60_000));
+          }
+        } while (this.rescheduling);
+      } catch (error) {
+        this.options.logger.warn({ err: toError(error) }, 'scheduling due calls failed; the tick retries');
+      } finally {
+        this.scheduling = false;
+      }
+    })();
+  }
+
   private async tick(): Promise<void> {
     if (this.stopping) return;
     try {
       await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
+      if (!this.dueTimer) this.scheduleDue();
       if (Date.now() - this.lastPurge > 60_000) {
         this.lastPurge = Date.now();
         await this.pool.query(`select asyncproc.purge($1::interval)`, [`${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`]);
@@ -283,6 +334,7 @@ export class PostgresActivator implements Closeable {
   async close(): Promise<void> {
     this.stopping = true;
     if (this.ticker) clearInterval(this.ticker);
+    if (this.dueTimer) clearTimeout(this.dueTimer);
     await this.housekeeping;
     for (const queue of this.queues.values()) queue.doorbell.ring(true);
     await Promise.all([...this.queues.values()].map((q) => q.done()));

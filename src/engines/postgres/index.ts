@@ -9,7 +9,8 @@ import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate } from './migrator.js';
 import { listProcedures, registerProcedure } from './procedures.js';
-import { listQueues } from './queues.js';
+import { configureQueue, listQueues } from './queues.js';
+import { getHistory } from './history.js';
 
 export interface PostgresEngineOptions {
   connectionString: string;
@@ -98,7 +99,8 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     const ready = new Set<string>();
     for (const execution of executions) {
       this.notifier.event(execution.id, execution.cursor, execution.status);
-      if (execution.status === 'PENDING') ready.add(execution.queue);
+      // WAITING too: activators then arm a timer for its runAt
+      ready.add(execution.queue);
     }
     for (const queue of ready) this.notifier.wake(queue);
     for (const activator of this.activators) activator.wake(ready);
@@ -130,6 +132,12 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   listQueues() {
     return listQueues(this.pool);
+  }
+  configureQueue(name: string, concurrency: number) {
+    return configureQueue(this.pool, name, concurrency);
+  }
+  getHistory(ids: readonly string[]) {
+    return getHistory(this.pool, ids);
   }
 
   async startActivator(options: ActivatorOptions): Promise<Closeable> {

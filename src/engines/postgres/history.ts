@@ -1,0 +1,57 @@
+import type pg from 'pg';
+import type { Attempt } from '../../engine.js';
+
+interface AttemptRow {
+  execution_id: string;
+  number: number;
+  status: Attempt['status'];
+  started_at: Date;
+  finished_at: Date | null;
+  worker: string | null;
+  backend_pid: number | null;
+  error_number: string | null;
+  error_message: string | null;
+  error_detail: string | null;
+}
+
+/**
+ * The execution log: attempts moved to asyncproc.attempts (retried, lost), then the
+ * latest attempt, which lives in the executions row while it runs or once it ended the execution.
+ */
+export async function getHistory(pool: pg.Pool, ids: readonly string[]): Promise<Map<string, Attempt[]>> {
+  const history = new Map<string, Attempt[]>(ids.map((id) => [id, []]));
+  if (!ids.length) return history;
+  const { rows } = await pool.query<AttemptRow>(
+    `select a.execution_id, a.number, a.status, a.started_at, a.finished_at, a.worker, a.backend_pid,
+            a.error_number, a.error_message, a.error_detail
+       from asyncproc.attempts a where a.execution_id = any($1::bigint[])
+     union all
+     select e.id, e.attempts + e.recoveries, e.status, e.started_at, e.finished_at, e.worker, e.backend_pid,
+            e.error_number, e.error_message, e.error_detail
+       from asyncproc.executions e
+      where e.id = any($1::bigint[]) and e.status in ('RUNNING', 'SUCCEEDED', 'FAILED') and e.started_at is not null
+     order by 1, 2`,
+    [ids],
+  );
+  for (const row of rows) {
+    history.get(row.execution_id)?.push({
+      number: row.number,
+      status: row.status,
+      startedAt: row.started_at,
+      finishedAt: row.finished_at,
+      worker: row.worker,
+      sessionId: row.backend_pid,
+      error:
+        row.error_message === null
+          ? null
+          : {
+              number: row.error_number,
+              message: [row.error_message, row.error_detail].filter(Boolean).join(': '),
+              severity: null,
+              state: null,
+              line: null,
+            },
+    });
+  }
+  return history;
+}
