@@ -79,6 +79,38 @@ const allFinished = (tokens: string[], timeoutMs = 30_000) =>
     'every execution to finish',
   );
 
+describe('several worker processes', () => {
+  it("share a queue's concurrency limit: never exceeded, and reached", async () => {
+    await engine.configureQueue('pair', 4);
+    const workers = [cli('worker'), cli('worker')];
+    try {
+      // both processes are up and each has its own slots for the queue
+      await waitFor(async () => {
+        const { rows } = await sql.query(`select application_name from pg_stat_activity where application_name like 'asyncproc worker %/pair#%'`);
+        return new Set(rows.map((r) => /worker (\S+)\//.exec(r.application_name)![1])).size === 2;
+      }, 20_000, 'two worker processes serving the queue');
+      await sql.query('begin');
+      const submitted: string[] = [];
+      for (let i = 0; i < 16; i++) {
+        submitted.push((await sql.query(`select asyncproc.invoke('demo.sleep', '{"seconds": 0.8}', 'pair') as token`)).rows[0].token);
+      }
+      await sql.query('commit');
+      const rows = await allFinished(submitted, 60_000);
+      const edges = rows.flatMap((r) => [
+        { at: r.startedAt!.getTime(), delta: 1 },
+        { at: r.finishedAt!.getTime(), delta: -1 },
+      ]);
+      edges.sort((a, b) => a.at - b.at || a.delta - b.delta);
+      let running = 0;
+      let peak = 0;
+      for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
+      assert.equal(peak, 4, 'the limit (not 4 per process) is reached and never exceeded');
+    } finally {
+      await Promise.all(workers.map((w) => stopChild(w, 'SIGTERM')));
+    }
+  });
+});
+
 describe('faults', () => {
   it('a call claimed by a live session is never started again; once that session dies it is', async () => {
     const [token] = await invokeSql([['demo.record', { tag: 'live-claim' }]]);
