@@ -9,9 +9,9 @@ import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
-import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import type { PostgresEngine } from '../src/engines/postgres/index.js';
 import { collect, startTestApp } from './support/app.js';
-import { freePort, sleep, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
@@ -21,12 +21,7 @@ let engine: PostgresEngine;
 let sql: pg.Client;
 
 before(async () => {
-  cluster = await startTestCluster();
-  url = await cluster.createDatabase();
-  engine = createPostgresEngine({ connectionString: url });
-  await engine.migrate();
-  await engine.installDemo();
-  sql = await cluster.connect(url);
+  ({ cluster, url, engine, sql } = await startDemoDatabase());
   await sql.query(`create schema faults;
     create procedure faults.record_then_sleep(tag text, seconds double precision) language plpgsql as $$
     begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;

@@ -11,7 +11,9 @@ import sql from 'mssql';
 import { EngineError } from '../src/engine.js';
 import { splitBatches } from '../src/engines/mssql/batches.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
+import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
 import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
+import { checkQueueSettings, configureQueue } from '../src/engines/mssql/procedures.js';
 import {
   cursorFromRowversion,
   decodeResult,
@@ -326,5 +328,159 @@ describe('mssql: cursors and errors', () => {
     expect(50000, undefined);
     expect(1205, undefined);
     assert.ok(mapDatabaseError('plain text') instanceof Error);
+  });
+});
+
+describe('mssql: queues', () => {
+  const badInput = (error: unknown) => error instanceof EngineError && error.code === 'BAD_USER_INPUT';
+
+  it('accepts the names and limits usp_AsyncExecCreateQueue accepts', () => {
+    for (const name of ['default', 'reports', 'a', 'A-Z_0.9:x', 'q'.repeat(100)]) checkQueueSettings(name, 1);
+    for (const concurrency of [1, 10, 1000]) checkQueueSettings('reports', concurrency);
+  });
+
+  it('refuses a bad name or limit with BAD_USER_INPUT before anything reaches the server', async () => {
+    // a pool that fails any request: the refusal must come first
+    const pool = { request: () => assert.fail('no request expected') } as unknown as sql.ConnectionPool;
+    for (const name of ['', 'q'.repeat(101), 'has space', 'semi;colon', "quote'", 'brack]et', 'é']) {
+      await assert.rejects(configureQueue(pool, name, 2), badInput, JSON.stringify(name));
+    }
+    for (const concurrency of [0, -1, 1001, 2.5, Number.NaN, Number.POSITIVE_INFINITY]) {
+      await assert.rejects(configureQueue(pool, 'reports', concurrency), badInput, String(concurrency));
+    }
+  });
+
+  it('changes an existing queue with ALTER QUEUE … MAX_QUEUE_READERS and the registry row in one transaction', async () => {
+    const { text } = (await scripts()).find((s) => s.file.startsWith('0003_'))!;
+    const batch = splitBatches(text).find((b) => /CREATE PROCEDURE asyncexec\.usp_AsyncExecCreateQueue/.test(b.text))!;
+    const code = codeOnly(batch.text);
+    const begin = code.indexOf('BEGIN TRANSACTION');
+    const commit = code.lastIndexOf('COMMIT TRANSACTION');
+    assert.ok(begin > 0 && commit > begin);
+    for (const needle of ['sp_getapplock', 'UPDATE asyncexec.AsyncExecQueues SET concurrency = @concurrency']) {
+      const at = code.indexOf(needle);
+      assert.ok(at > begin && at < commit, `${needle} inside the transaction`);
+    }
+    assert.match(batch.text, /N'ALTER QUEUE asyncexec\.' \+ QUOTENAME\(@queueObject\) \+ N' WITH '/);
+    assert.match(batch.text, /MAX_QUEUE_READERS = ' \+ CAST\(@concurrency AS nvarchar\(10\)\)/);
+  });
+
+  it('makes readers above a lowered limit return (ALTER QUEUE does not stop running readers)', async () => {
+    const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
+    const reader = splitBatches(text).find((b) => /CREATE PROCEDURE asyncexec\.usp_AsyncExecActivated\b/.test(b.text))!;
+    const code = codeOnly(reader.text);
+    const loop = code.indexOf('WHILE 1 = 1');
+    const check = code.indexOf('SELECT concurrency FROM asyncexec.AsyncExecQueues WHERE name = @queue) < @concurrency');
+    assert.ok(loop > 0 && check > loop && check < code.indexOf('BEGIN TRANSACTION', loop), 'checked at the top of the loop, outside a transaction');
+  });
+});
+
+describe('mssql: execution log', () => {
+  const row = (over: Partial<AttemptRow>): AttemptRow => ({
+    execution_id: '42',
+    number: 1,
+    status: 'SUCCEEDED',
+    started_at: new Date('2024-03-01T12:00:00Z'),
+    finished_at: new Date('2024-03-01T12:00:01Z'),
+    session_id: 57,
+    worker: 'session 57',
+    error_number: null,
+    error_severity: null,
+    error_state: null,
+    error_line: null,
+    error_message: null,
+    ...over,
+  });
+
+  it('maps a row to an Attempt, with the error when there is one', () => {
+    assert.deepEqual(toAttempt(row({})), {
+      number: 1,
+      status: 'SUCCEEDED',
+      startedAt: new Date('2024-03-01T12:00:00Z'),
+      finishedAt: new Date('2024-03-01T12:00:01Z'),
+      worker: 'session 57',
+      sessionId: 57,
+      error: null,
+    });
+    const failed = toAttempt(row({ status: 'FAILED', error_number: 50000, error_severity: 16, error_state: 1, error_line: 3, error_message: 'boom' }));
+    assert.deepEqual(failed.error, { number: '50000', message: 'boom', severity: 16, state: 1, line: 3 });
+    assert.equal(toAttempt(row({ status: 'LOST' })).error, null);
+    assert.equal(toAttempt(row({ status: 'RUNNING', finished_at: null })).finishedAt, null);
+  });
+
+  it('reads execution ids as bigint identities', () => {
+    assert.equal(canonicalExecutionId('42'), '42');
+    assert.equal(canonicalExecutionId('0042'), '42');
+    assert.equal(canonicalExecutionId('9223372036854775807'), '9223372036854775807');
+    assert.equal(canonicalExecutionId('9223372036854775808'), null);
+    assert.equal(canonicalExecutionId('0'), null);
+    for (const bad of ['', '-1', '1.5', 'abc', '0x10', ' 1']) {
+      assert.throws(() => canonicalExecutionId(bad), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT', bad);
+    }
+  });
+
+  it('keys every requested id, oldest attempt first, [] for none, without asking for impossible ids', async () => {
+    const seen: string[] = [];
+    const original = sql.Request.prototype.query;
+    sql.Request.prototype.query = async function (this: sql.Request, text: string) {
+      seen.push(String((this.parameters as Record<string, { value: unknown }>).ids.value));
+      assert.match(String(text), /ORDER BY a\.execution_id, a\.number/);
+      return {
+        recordset: [
+          row({ execution_id: '7', number: 1, status: 'LOST', finished_at: new Date('2024-03-01T12:00:00.5Z') }),
+          row({ execution_id: '7', number: 2, status: 'FAILED', error_number: 50000, error_message: 'no' }),
+          row({ execution_id: '7', number: 3, status: 'RUNNING', finished_at: null }),
+          row({ execution_id: '9', number: 1 }),
+        ],
+      };
+    } as typeof original;
+    try {
+      const history = await getHistory({} as sql.ConnectionPool, ['7', '8', '9', '007', '99999999999999999999']);
+      assert.deepEqual(JSON.parse(seen[0]), ['7', '8', '9']);
+      assert.deepEqual([...history.keys()], ['7', '8', '9', '007', '99999999999999999999']);
+      assert.deepEqual(history.get('7')!.map((a) => [a.number, a.status]), [
+        [1, 'LOST'],
+        [2, 'FAILED'],
+        [3, 'RUNNING'],
+      ]);
+      assert.deepEqual(history.get('8'), []);
+      assert.deepEqual(history.get('007'), history.get('7'));
+      assert.notEqual(history.get('007'), history.get('7'), 'separate arrays');
+      assert.deepEqual(history.get('99999999999999999999'), []);
+      assert.equal(history.get('9')!.length, 1);
+      seen.length = 0;
+      assert.equal((await getHistory({} as sql.ConnectionPool, [])).size, 0);
+      assert.deepEqual([...(await getHistory({} as sql.ConnectionPool, ['0']))], [['0', []]]);
+      assert.equal(seen.length, 0, 'no query when no execution can match');
+    } finally {
+      sql.Request.prototype.query = original;
+    }
+  });
+
+  it('writes the log in the transactions that change the results row', async () => {
+    const all = await scripts();
+    const tables = codeOnly(all.find((s) => s.file.startsWith('0001_'))!.text);
+    assert.match(tables, /CREATE TABLE asyncexec\.AsyncExecAttempts[\s\S]*?PRIMARY KEY CLUSTERED \(execution_id, number\)/);
+    assert.match(tables, /REFERENCES asyncexec\.AsyncExecResults \(id\) ON DELETE CASCADE/, 'purged with its call');
+    const activated = splitBatches(all.find((s) => s.file.startsWith('0005_'))!.text).map((b) => b.text);
+    const source = (name: string) => activated.find((b) => new RegExp(`CREATE PROCEDURE asyncexec\\.${name}\\b`).test(b))!;
+    const proc = (name: string) => codeOnly(source(name));
+    // every procedure that moves a call's status writes the log too
+    for (const name of ['usp_AsyncExecRun', 'usp_AsyncExecAbandon', 'usp_AsyncExecActivated']) {
+      const code = proc(name);
+      const updates = [...code.matchAll(/UPDATE asyncexec\.AsyncExecResults\s+SET status/g)].length;
+      const logs = [...code.matchAll(/(UPDATE|INSERT) asyncexec\.AsyncExecAttempts/g)].length;
+      assert.ok(updates > 0 && logs >= updates, `${name}: ${updates} status updates, ${logs} log writes`);
+    }
+    // the claim closes a lost run and starts the next number
+    const claim = source('usp_AsyncExecActivated');
+    assert.match(claim, /SET status = 'LOST', finished_at = @now\s+WHERE execution_id = @id AND status = 'RUNNING';\s+IF @newStatus = 'RUNNING'\s+INSERT asyncexec\.AsyncExecAttempts/);
+    assert.match(claim, /COALESCE\(MAX\(a\.number\), 0\) \+ 1/);
+    // the run closes the attempt only when it recorded the outcome, after a doomed transaction too
+    const run = proc('usp_AsyncExecRun');
+    const fresh = run.indexOf('IF @@TRANCOUNT = 0');
+    const log = run.indexOf('UPDATE asyncexec.AsyncExecAttempts');
+    assert.ok(fresh > 0 && log > fresh && log > run.indexOf('IF EXISTS (SELECT 1 FROM @changed)'));
+    assert.ok(log < run.indexOf('COMMIT TRANSACTION', log));
   });
 });

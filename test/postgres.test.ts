@@ -4,7 +4,7 @@ import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import type { Closeable, Execution } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
-import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 let cluster: TestCluster;
 let url: string;
@@ -13,12 +13,7 @@ let activator: Closeable;
 let sql: pg.Client;
 
 before(async () => {
-  cluster = await startTestCluster();
-  url = await cluster.createDatabase();
-  engine = createPostgresEngine({ connectionString: url });
-  await engine.migrate();
-  await engine.installDemo();
-  sql = await cluster.connect(url);
+  ({ cluster, url, engine, sql } = await startDemoDatabase());
   await sql.query(`create schema pgtest;
     create table pgtest.effects (tag text not null);
     create procedure pgtest.write_then_fail(tag text) language plpgsql as $$

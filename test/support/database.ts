@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { startEmbeddedPostgres, type EmbeddedServer } from '../../src/embeddedPostgres.js';
+import { createPostgresEngine, type PostgresEngine } from '../../src/engines/postgres/index.js';
 
 export async function freePort(): Promise<number> {
   return new Promise((resolve, reject) => {
@@ -68,4 +69,23 @@ export async function waitFor<T>(check: () => Promise<T | null | undefined | fal
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
     await sleep(50);
   }
+}
+
+export interface DemoDatabase {
+  cluster: TestCluster;
+  url: string;
+  /** Migrated, with the demo procedures installed. */
+  engine: PostgresEngine;
+  /** A plain client on the database, for setup and assertions. */
+  sql: pg.Client;
+}
+
+/** A test cluster with one database made ready as the service would (migrations, demo). */
+export async function startDemoDatabase(): Promise<DemoDatabase> {
+  const cluster = await startTestCluster();
+  const url = await cluster.createDatabase();
+  const engine = createPostgresEngine({ connectionString: url });
+  await engine.migrate();
+  await engine.installDemo();
+  return { cluster, url, engine, sql: await cluster.connect(url) };
 }
