@@ -77,6 +77,39 @@ CREATE TABLE asyncexec.AsyncExecResults (
 );
 GO
 
+-- The execution log: one row per attempt of a call, in the spirit of the classic
+-- scheduler's execution log (which session ran what, and when). A row is written when
+-- an attempt starts (the claim) and closed when it ends, always in the transaction that
+-- changes the call's AsyncExecResults row, so the two never disagree:
+--   RUNNING    the attempt runs now (the call is RUNNING and this is its last attempt)
+--   SUCCEEDED  / FAILED  its outcome (a FAILED attempt with attempts left is followed by a retry)
+--   LOST       its session died (or could not record the outcome) and the call was
+--              started again or failed; the next attempt takes the next number
+-- number counts the runs that started (1, 2, …), so it can exceed AsyncExecResults.attempts
+-- (which does not count lost runs; those are AsyncExecResults.recoveries).
+-- Deleting a call (usp_AsyncExecPurge) deletes its attempts with it (ON DELETE CASCADE).
+CREATE TABLE asyncexec.AsyncExecAttempts (
+    execution_id     bigint         NOT NULL,
+    number           int            NOT NULL,
+    status           varchar(10)    NOT NULL,
+    started_at       datetime2(3)   NOT NULL,
+    finished_at      datetime2(3)   NULL,
+    session_id       int            NULL,   -- @@SPID of the activated reader that ran it
+    worker           nvarchar(128)  NULL,
+    error_number     int            NULL,
+    error_severity   int            NULL,
+    error_state      int            NULL,
+    error_line       int            NULL,
+    error_procedure  nvarchar(128)  NULL,
+    error_message    nvarchar(4000) NULL,
+    CONSTRAINT PK_AsyncExecAttempts PRIMARY KEY CLUSTERED (execution_id, number),
+    CONSTRAINT FK_AsyncExecAttempts_execution FOREIGN KEY (execution_id)
+        REFERENCES asyncexec.AsyncExecResults (id) ON DELETE CASCADE,
+    CONSTRAINT CK_AsyncExecAttempts_number CHECK (number >= 1),
+    CONSTRAINT CK_AsyncExecAttempts_status CHECK (status IN ('RUNNING', 'SUCCEEDED', 'FAILED', 'LOST'))
+);
+GO
+
 -- No filtered indexes: DML on such a table needs specific SET options that an
 -- activated procedure or a caller's session may not have.
 CREATE INDEX IX_AsyncExecResults_row_version ON asyncexec.AsyncExecResults (row_version);

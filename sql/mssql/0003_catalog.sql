@@ -80,9 +80,18 @@ BEGIN
     DECLARE @queueObject sysname = N'AsyncExecQueue_' + @name,
             @service nvarchar(256) = N'asyncexec/Service/' + @name,
             @reader sysname = N'usp_AsyncExecActivated_' + @name,
-            @sql nvarchar(max);
+            @sql nvarchar(max), @lock int;
 
     BEGIN TRANSACTION;
+    -- Two callers creating the same queue at once would both find it missing and the
+    -- second CREATE would fail: take turns (one resource for all queues; this is rare).
+    EXEC @lock = sys.sp_getapplock @Resource = N'asyncexec/configure-queue', @LockMode = 'Exclusive',
+                                   @LockOwner = 'Transaction', @LockTimeout = 60000;
+    IF @lock < 0
+    BEGIN
+        SET @message = N'could not take the queue configuration lock within a minute';
+        THROW 50020, @message, 1;
+    END;
 
     IF OBJECT_ID(N'asyncexec.' + QUOTENAME(@reader), N'P') IS NULL
     BEGIN
@@ -96,6 +105,10 @@ BEGIN
     ELSE
         SET @sql = N'ALTER QUEUE asyncexec.' + QUOTENAME(@queueObject) + N' WITH ';
     -- EXECUTE AS OWNER: the reader runs as the owner of the queue (dbo), whoever invoked.
+    -- On an existing queue, ALTER QUEUE changes MAX_QUEUE_READERS at once: a higher limit
+    -- lets activation start more readers immediately; readers above a lower limit return
+    -- after their current call (usp_AsyncExecActivated compares with the registry row
+    -- updated below, in this same transaction).
     SET @sql += N'ACTIVATION (STATUS = ON, PROCEDURE_NAME = asyncexec.' + QUOTENAME(@reader)
               + N', MAX_QUEUE_READERS = ' + CAST(@concurrency AS nvarchar(10))
               + N', EXECUTE AS OWNER), POISON_MESSAGE_HANDLING (STATUS = OFF);';

@@ -13,6 +13,12 @@
 -- RECEIVE in a row (poison-message handling), which is also switched off on our queues.
 -- If the reader dies mid-run, its transaction rolls back, its session lock goes away,
 -- and the lease timer's DialogTimer message brings the call back (counted as a recovery).
+--
+-- The execution log (asyncexec.AsyncExecAttempts) is written in these same transactions:
+-- the claim inserts the attempt (RUNNING, next number, @@SPID); the run closes it
+-- SUCCEEDED or FAILED with the outcome (FAILED also when a retry follows); a claim that
+-- finds the call RUNNING with its lock free, an EndDialog/Error on a call nobody runs, and
+-- usp_AsyncExecAbandon close the running attempt as LOST.
 
 -- Errors recorded on calls: 50001 the procedure disappeared, 50010 the call's session
 -- was lost five times, 50011 the call's dialog ended before the call finished, 50012 the
@@ -45,7 +51,7 @@ BEGIN
             @types nvarchar(max), @sql nvarchar(max), @result nvarchar(max), @failed bit = 0,
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
             @attempts int, @maxAttempts int, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
-            @resource nvarchar(255) = CONCAT(N'asyncexec/execution/', @id);
+            @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/execution/', @id);
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @args = e.arguments, @registered = e.[procedure],
@@ -150,10 +156,11 @@ BEGIN
             -- exponential backoff with jitter: about 2^attempts seconds, at most five minutes
             SET @retryIn = CEILING(IIF(@attempts > 8, 300.0, POWER(CAST(2 AS float), @attempts)) * (0.75 + RAND() / 2));
 
+        SET @now = SYSUTCDATETIME();
         UPDATE asyncexec.AsyncExecResults
            SET status = @status,
-               finished_at = CASE WHEN @status = 'WAITING' THEN NULL ELSE SYSUTCDATETIME() END,
-               run_at = CASE WHEN @status = 'WAITING' THEN DATEADD(second, @retryIn, SYSUTCDATETIME()) ELSE run_at END,
+               finished_at = CASE WHEN @status = 'WAITING' THEN NULL ELSE @now END,
+               run_at = CASE WHEN @status = 'WAITING' THEN DATEADD(second, @retryIn, @now) ELSE run_at END,
                result = CASE WHEN @failed = 0 THEN @result END,
                error_number = @errNumber, error_severity = @errSeverity, error_state = @errState,
                error_line = @errLine, error_procedure = @errProcedure, error_message = @errMessage
@@ -162,6 +169,14 @@ BEGIN
 
         IF EXISTS (SELECT 1 FROM @changed)
         BEGIN
+            -- The execution log, in the same transaction: this attempt ends SUCCEEDED or
+            -- FAILED (also when a retry follows: the call goes back to WAITING).
+            UPDATE asyncexec.AsyncExecAttempts
+               SET status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' ELSE 'FAILED' END,
+                   finished_at = @now,
+                   error_number = @errNumber, error_severity = @errSeverity, error_state = @errState,
+                   error_line = @errLine, error_procedure = @errProcedure, error_message = @errMessage
+             WHERE execution_id = @id AND status = 'RUNNING';
             SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
             SET @reply = (SELECT @id AS [@id], @status AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
             SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
@@ -206,7 +221,8 @@ BEGIN
     SET ARITHABORT ON;
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @resource nvarchar(255), @cursor varchar(18), @reply xml;
+    DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @resource nvarchar(255), @cursor varchar(18), @reply xml,
+            @now datetime2(3);
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @receive = N'RECEIVE TOP (1) @x = conversation_handle FROM asyncexec.' + QUOTENAME(queue_object)
@@ -232,12 +248,17 @@ BEGIN
                 ROLLBACK TRANSACTION;
                 RETURN;
             END;
+            SET @now = SYSUTCDATETIME();
             UPDATE asyncexec.AsyncExecResults
-               SET status = 'FAILED', finished_at = SYSUTCDATETIME(), error_number = 50012, error_severity = 16, error_state = 1,
+               SET status = 'FAILED', finished_at = @now, error_number = 50012, error_severity = 16, error_state = 1,
                    error_line = NULL, error_procedure = NULL,
                    error_message = LEFT(CONCAT(N'the call''s messages could not be handled: ', @errMessage), 4000)
             OUTPUT inserted.row_version INTO @changed (v)
             WHERE id = @id AND status IN ('WAITING', 'PENDING', 'RUNNING');
+            -- A RUNNING call whose lock we hold has no live reader: its attempt was lost.
+            UPDATE asyncexec.AsyncExecAttempts
+               SET status = 'LOST', finished_at = @now
+             WHERE execution_id = @id AND status = 'RUNNING';
         END;
         IF EXISTS (SELECT 1 FROM @changed)
         BEGIN
@@ -282,11 +303,12 @@ BEGIN
     DECLARE @receive nvarchar(max), @h uniqueidentifier, @type sysname, @body varbinary(max), @id bigint,
             @status varchar(10), @runAt datetime2(3), @recoveries int, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
-            @errNumber int, @errMessage nvarchar(4000);
+            @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int;
     DECLARE @changed TABLE (v binary(8), status varchar(10));
 
     SELECT @receive = N'WAITFOR (RECEIVE TOP (1) @h = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
-                    + QUOTENAME(queue_object) + N'), TIMEOUT 1000;'
+                    + QUOTENAME(queue_object) + N'), TIMEOUT 1000;',
+           @concurrency = concurrency
     FROM asyncexec.AsyncExecQueues
     WHERE name = @queue;
     IF @receive IS NULL
@@ -297,6 +319,13 @@ BEGIN
     -- and starts one again when a new message arrives after they have all returned.
     WHILE 1 = 1
     BEGIN
+        -- A lowered MAX_QUEUE_READERS "does not affect instances of the activation stored
+        -- procedure currently running" (ALTER QUEUE), and a reader under steady load never
+        -- finds its queue empty. So every reader started under a higher limit returns
+        -- (between calls: it holds no transaction and no lock here); activation then
+        -- starts readers again only up to the new limit.
+        IF (SELECT concurrency FROM asyncexec.AsyncExecQueues WHERE name = @queue) < @concurrency
+            RETURN;
         SELECT @h = NULL, @type = NULL, @body = NULL, @id = NULL, @status = NULL, @run = 0, @end = 0, @timer = NULL,
                @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL;
         DELETE @changed;
@@ -343,11 +372,16 @@ BEGIN
                     IF @lock >= 0
                     BEGIN
                         SET @locked = 1;
+                        SET @now = SYSUTCDATETIME();
                         UPDATE asyncexec.AsyncExecResults
-                           SET status = 'FAILED', finished_at = SYSUTCDATETIME(), error_number = 50011, error_severity = 16, error_state = 1,
+                           SET status = 'FAILED', finished_at = @now, error_number = 50011, error_severity = 16, error_state = 1,
                                error_message = CONCAT(N'the call''s dialog ended before the call finished',
                                                       N': ' + CAST(@errNumber AS nvarchar(11)) + N' ' + @errMessage)
                         WHERE id = @id;
+                        -- RUNNING with its lock free: the session that ran it is gone
+                        UPDATE asyncexec.AsyncExecAttempts
+                           SET status = 'LOST', finished_at = @now
+                         WHERE execution_id = @id AND status = 'RUNNING';
                     END;
                 END;
                 SET @end = 1;
@@ -371,10 +405,11 @@ BEGIN
                 BEGIN
                     SET @locked = 1;
                     SET @newStatus = CASE WHEN @status = 'RUNNING' AND @recoveries + 1 >= 5 THEN 'FAILED' ELSE 'RUNNING' END;
+                    SET @now = SYSUTCDATETIME();
                     UPDATE asyncexec.AsyncExecResults
                        SET status = @newStatus,
-                           started_at = CASE WHEN @newStatus = 'RUNNING' THEN SYSUTCDATETIME() ELSE started_at END,
-                           finished_at = CASE WHEN @newStatus = 'FAILED' THEN SYSUTCDATETIME() END,
+                           started_at = CASE WHEN @newStatus = 'RUNNING' THEN @now ELSE started_at END,
+                           finished_at = CASE WHEN @newStatus = 'FAILED' THEN @now END,
                            attempts = attempts + CASE WHEN status = 'RUNNING' THEN 0 ELSE 1 END,
                            recoveries = recoveries + CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END,
                            session_id = CASE WHEN @newStatus = 'RUNNING' THEN @@SPID ELSE session_id END,
@@ -387,6 +422,17 @@ BEGIN
                                                 ELSE error_message END
                     OUTPUT inserted.row_version, inserted.status INTO @changed (v, status)
                     WHERE id = @id;
+                    -- The execution log, in the same transaction. A call found RUNNING with its
+                    -- lock free lost its session: that attempt is LOST. A run that starts now
+                    -- is the next attempt (numbers count runs, lost ones included).
+                    UPDATE asyncexec.AsyncExecAttempts
+                       SET status = 'LOST', finished_at = @now
+                     WHERE execution_id = @id AND status = 'RUNNING';
+                    IF @newStatus = 'RUNNING'
+                        INSERT asyncexec.AsyncExecAttempts (execution_id, number, status, started_at, session_id, worker)
+                        SELECT @id, COALESCE(MAX(a.number), 0) + 1, 'RUNNING', @now, @@SPID, CONCAT(N'session ', @@SPID)
+                        FROM asyncexec.AsyncExecAttempts AS a
+                        WHERE a.execution_id = @id;
                     IF @newStatus = 'RUNNING'
                         SELECT @run = 1, @timer = @lease;   -- the lease: brings the call back if this session dies
                     ELSE

@@ -32,8 +32,10 @@ LEFT JOIN sys.dm_exec_requests AS r
      ON r.session_id = COALESCE(e.session_id, t.spid);
 GO
 
--- Delete finished history older than the retention; returns how many rows went.
--- Only terminal rows go: their dialogs are already ended on our side.
+-- Delete finished history older than the retention; returns how many calls went.
+-- Only terminal rows go: their dialogs are already ended on our side. Each call's
+-- attempts (asyncexec.AsyncExecAttempts) go in the same statement, through the
+-- ON DELETE CASCADE of FK_AsyncExecAttempts_execution: the log never outlives its call.
 CREATE PROCEDURE asyncexec.usp_AsyncExecPurge
     @olderThanSeconds int,
     @batchSize int = 5000

@@ -1,6 +1,7 @@
 import sql from 'mssql';
 import type {
   ActivatorOptions,
+  Attempt,
   Closeable,
   Engine,
   Execution,
@@ -17,10 +18,18 @@ import type { Logger } from '../../logger.js';
 import { silentLogger } from '../../logger.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
+import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
 import { MssqlListener } from './listener.js';
 import { installDemo, migrate, MSSQL_SQL_DIR } from './migrator.js';
-import { createQueue, listProcedures, listQueues, registerProcedure, type MssqlRegisterOptions } from './procedures.js';
+import {
+  configureQueue,
+  createQueue,
+  listProcedures,
+  listQueues,
+  registerProcedure,
+  type MssqlRegisterOptions,
+} from './procedures.js';
 import { parseMssqlUrl } from './url.js';
 
 export interface MssqlEngineOptions {
@@ -125,6 +134,14 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   /** Create a queue or change its concurrency (MAX_QUEUE_READERS). */
   createQueue(name: string, concurrency?: number): Promise<void> {
     return createQueue(this.pool, name, concurrency);
+  }
+  /** Create a queue or change its concurrency (1–1000); returns it as listQueues reports it. */
+  configureQueue(name: string, concurrency: number): Promise<QueueInfo> {
+    return configureQueue(this.pool, name, concurrency);
+  }
+  /** Every attempt of each execution (asyncexec.AsyncExecAttempts), oldest first; [] for none. */
+  getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {
+    return getHistory(this.pool, executionIds);
   }
 
   /** Delete finished history older than `olderThanMs`; returns how many executions went. */

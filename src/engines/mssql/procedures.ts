@@ -73,22 +73,44 @@ export async function registerProcedure(pool: sql.ConnectionPool, name: string, 
   return procedure;
 }
 
-export async function listQueues(pool: sql.ConnectionPool): Promise<QueueInfo[]> {
-  const result = await pool.request().query<QueueInfo>(
+export async function listQueues(pool: sql.ConnectionPool, only?: string): Promise<QueueInfo[]> {
+  const request = pool.request();
+  request.input('only', sql.NVarChar(100), only ?? null);
+  const result = await request.query<QueueInfo>(
     `SELECT q.name, q.concurrency,
             COUNT(CASE WHEN e.status = 'WAITING' THEN 1 END) AS waiting,
             COUNT(CASE WHEN e.status = 'PENDING' THEN 1 END) AS pending,
             COUNT(CASE WHEN e.status = 'RUNNING' THEN 1 END) AS running
        FROM asyncexec.AsyncExecQueues AS q
        LEFT JOIN asyncexec.AsyncExecResults AS e ON e.queue = q.name AND e.status IN ('WAITING', 'PENDING', 'RUNNING')
+      WHERE @only IS NULL OR q.name = @only
       GROUP BY q.name, q.concurrency
       ORDER BY q.name`,
   );
   return result.recordset;
 }
 
+/** Queue names: 1–100 characters of A-Z a-z 0-9 _ . : - (as usp_AsyncExecCreateQueue and CK_AsyncExecQueues_name check). */
+const QUEUE_NAME = /^[A-Za-z0-9_.:-]{1,100}$/;
+export const MAX_CONCURRENCY = 1000;
+
+/**
+ * Refuse a bad name or limit before the call: a longer name would be cut to the
+ * procedure's nvarchar(100) silently, and a fractional limit rounded by the driver.
+ * The procedure checks both again (50005).
+ */
+export function checkQueueSettings(name: string, concurrency: number): void {
+  if (typeof name !== 'string' || !QUEUE_NAME.test(name)) {
+    throw new EngineError('BAD_USER_INPUT', `queue name "${name}" must be 1 to 100 characters of A-Z a-z 0-9 _ . : -`);
+  }
+  if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > MAX_CONCURRENCY) {
+    throw new EngineError('BAD_USER_INPUT', `queue concurrency must be an integer between 1 and ${MAX_CONCURRENCY}, not ${concurrency}`);
+  }
+}
+
 /** Create a queue (its own Service Broker queue, service and reader) or change its concurrency. */
 export async function createQueue(pool: sql.ConnectionPool, name: string, concurrency = 10): Promise<void> {
+  checkQueueSettings(name, concurrency);
   const request = pool.request();
   request.input('name', sql.NVarChar(100), name);
   request.input('concurrency', sql.Int, concurrency);
@@ -97,4 +119,15 @@ export async function createQueue(pool: sql.ConnectionPool, name: string, concur
   } catch (error) {
     throw mapDatabaseError(error);
   }
+}
+
+/**
+ * Create a queue or change its concurrency (MAX_QUEUE_READERS and the registry row, in
+ * one transaction); returns the queue as listQueues reports it.
+ */
+export async function configureQueue(pool: sql.ConnectionPool, name: string, concurrency: number): Promise<QueueInfo> {
+  await createQueue(pool, name, concurrency);
+  const [queue] = await listQueues(pool, name);
+  if (!queue) throw new EngineError('NOT_FOUND', `queue ${name} vanished after it was configured`);
+  return queue;
 }
