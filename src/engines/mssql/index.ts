@@ -15,6 +15,7 @@ import type {
   QueueInfo,
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
@@ -51,7 +52,7 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   readonly config: sql.config;
   readonly database: string;
   private readonly logger: Logger;
-  private readonly closeables = new Set<Closeable>();
+  private readonly closeables = new Closeables();
 
   constructor(readonly options: MssqlEngineOptions) {
     const { config, database } = parseMssqlUrl(options.url);
@@ -162,21 +163,12 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     await this.check();
     const listener = new MssqlListener({ config: this.config, sink, logger: this.logger, waitMs: this.options.listenerWaitMs });
     await listener.start();
-    return this.track(listener);
+    return this.closeables.track(listener);
   }
 
-  private track<T extends Closeable>(closeable: T): T {
-    this.closeables.add(closeable);
-    const close = closeable.close.bind(closeable);
-    closeable.close = async () => {
-      this.closeables.delete(closeable);
-      await close();
-    };
-    return closeable;
-  }
 
   async close(): Promise<void> {
-    await Promise.all([...this.closeables].map((c) => c.close()));
+    await this.closeables.closeAll();
     await this.pool.close();
   }
 }

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import type { ActivatorOptions, Closeable, Engine, Execution, InvokeCall, ListenerSink, RegisterOptions } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
@@ -36,7 +37,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   readonly kind = 'postgres' as const;
   readonly pool: pg.Pool;
   private readonly logger: Logger;
-  private readonly closeables = new Set<Closeable>();
+  private readonly closeables = new Closeables();
   private readonly notifier: Notifier;
   private readonly activators = new Set<PostgresActivator>();
 
@@ -154,12 +155,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     );
     await activator.start();
     this.activators.add(activator);
-    const close = activator.close.bind(activator);
-    activator.close = () => {
-      this.activators.delete(activator);
-      return close();
-    };
-    return this.track(activator);
+    return this.closeables.track(activator, () => this.activators.delete(activator));
   }
 
   async startListener(sink: ListenerSink): Promise<PostgresListener> {
@@ -170,21 +166,12 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       logger: this.logger,
     });
     await listener.start();
-    return this.track(listener);
+    return this.closeables.track(listener);
   }
 
-  private track<T extends Closeable>(closeable: T): T {
-    this.closeables.add(closeable);
-    const close = closeable.close.bind(closeable);
-    closeable.close = async () => {
-      this.closeables.delete(closeable);
-      await close();
-    };
-    return closeable;
-  }
 
   async close(): Promise<void> {
-    await Promise.all([...this.closeables].map((c) => c.close()));
+    await this.closeables.closeAll();
     await this.notifier.close();
     await this.pool.end();
   }
