@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import { EngineError, isTerminal, type Closeable, type Engine, type Execution, type ExecutionEvent, type InvokeCall } from '../src/engine.js';
-import { waitFor } from './support/database.js';
+import { peakConcurrency, waitFor } from './support/database.js';
 
 export interface EngineHarness {
   /** Migrated, with the demo procedures installed. */
@@ -182,14 +182,7 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         arguments: { seconds: 0.6 },
       }));
       const rows = await finished((await submit(calls)).map((e) => e.token), 60_000);
-      const edges = rows.flatMap((r) => [
-        { at: r.startedAt!.getTime(), delta: 1 },
-        { at: r.finishedAt!.getTime(), delta: -1 },
-      ]);
-      edges.sort((x, y) => x.at - y.at || x.delta - y.delta);
-      let running = 0;
-      let peak = 0;
-      for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
+      const peak = peakConcurrency(rows);
       assert.ok(rows.every((r) => r.status === 'SUCCEEDED'));
       assert.ok(peak <= queue.concurrency, `peak ${peak} exceeds the limit ${queue.concurrency}`);
       assert.ok(peak >= Math.min(2, queue.concurrency), `peak ${peak}: calls did not run in parallel`);

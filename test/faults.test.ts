@@ -11,7 +11,7 @@ import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import type { PostgresEngine } from '../src/engines/postgres/index.js';
 import { collect, startTestApp } from './support/app.js';
-import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { freePort, peakConcurrency, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
@@ -91,14 +91,7 @@ describe('several worker processes', () => {
       }
       await sql.query('commit');
       const rows = await allFinished(submitted, 60_000);
-      const edges = rows.flatMap((r) => [
-        { at: r.startedAt!.getTime(), delta: 1 },
-        { at: r.finishedAt!.getTime(), delta: -1 },
-      ]);
-      edges.sort((a, b) => a.at - b.at || a.delta - b.delta);
-      let running = 0;
-      let peak = 0;
-      for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
+      const peak = peakConcurrency(rows);
       assert.equal(peak, 4, 'the limit (not 4 per process) is reached and never exceeded');
     } finally {
       await Promise.all(workers.map((w) => stopChild(w, 'SIGTERM')));

@@ -89,3 +89,17 @@ export async function startDemoDatabase(): Promise<DemoDatabase> {
   await engine.installDemo();
   return { cluster, url, engine, sql: await cluster.connect(url) };
 }
+
+/** The most executions that ran at the same moment, from their recorded start and finish times. */
+export function peakConcurrency(rows: readonly { startedAt: Date | null; finishedAt: Date | null }[]): number {
+  const edges = rows.flatMap((r) => [
+    { at: r.startedAt!.getTime(), delta: 1 },
+    { at: r.finishedAt!.getTime(), delta: -1 },
+  ]);
+  // a finish and a start at the same instant do not overlap
+  edges.sort((a, b) => a.at - b.at || a.delta - b.delta);
+  let running = 0;
+  let peak = 0;
+  for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
+  return peak;
+}

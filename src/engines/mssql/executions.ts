@@ -2,6 +2,7 @@ import sql from 'mssql';
 import {
   EngineError,
   type Execution,
+  type ExecutionError,
   type ExecutionEvent,
   type ExecutionFilter,
   type ExecutionPage,
@@ -42,8 +43,27 @@ export interface ExecutionRow {
   row_version: Buffer;
 }
 
+/** The error columns shared by AsyncExecResults and AsyncExecAttempts. */
+export interface ErrorColumns {
+  error_number: number | null;
+  error_severity: number | null;
+  error_state: number | null;
+  error_line: number | null;
+  error_message: string | null;
+}
+
+export function toExecutionError(row: ErrorColumns): ExecutionError | null {
+  if (row.error_message === null && row.error_number === null) return null;
+  return {
+    number: row.error_number === null ? null : String(row.error_number),
+    message: row.error_message ?? '',
+    severity: row.error_severity,
+    state: row.error_state,
+    line: row.error_line,
+  };
+}
+
 export function toExecution(row: ExecutionRow): Execution {
-  const failed = row.error_message !== null || row.error_number !== null;
   return {
     id: String(row.id), // bigint arrives as text from the driver
     token: row.token.toLowerCase(), // the driver spells GUIDs in capitals; tokens are lower case everywhere
@@ -58,15 +78,7 @@ export function toExecution(row: ExecutionRow): Execution {
     attempts: row.attempts,
     maxAttempts: row.max_attempts,
     submittedBy: row.submitted_by,
-    error: failed
-      ? {
-          number: row.error_number === null ? null : String(row.error_number),
-          message: row.error_message ?? '',
-          severity: row.error_severity,
-          state: row.error_state,
-          line: row.error_line,
-        }
-      : null,
+    error: toExecutionError(row),
     result: row.status === 'SUCCEEDED' ? decodeResult(row.result) : null,
     worker: row.worker,
     sessionId: row.session_id,

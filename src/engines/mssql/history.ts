@@ -1,6 +1,6 @@
 import sql from 'mssql';
 import { EngineError, type Attempt } from '../../engine.js';
-import type { Queryable } from './executions.js';
+import { toExecutionError, type Queryable } from './executions.js';
 
 /** A row of asyncexec.AsyncExecAttempts (see sql/mssql/0001_tables.sql). */
 export interface AttemptRow {
@@ -19,7 +19,6 @@ export interface AttemptRow {
 }
 
 export function toAttempt(row: AttemptRow): Attempt {
-  const failed = row.error_message !== null || row.error_number !== null;
   return {
     number: row.number,
     status: row.status,
@@ -27,15 +26,7 @@ export function toAttempt(row: AttemptRow): Attempt {
     finishedAt: row.finished_at,
     worker: row.worker,
     sessionId: row.session_id,
-    error: failed
-      ? {
-          number: row.error_number === null ? null : String(row.error_number),
-          message: row.error_message ?? '',
-          severity: row.error_severity,
-          state: row.error_state,
-          line: row.error_line,
-        }
-      : null,
+    error: toExecutionError(row),
   };
 }
 

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { Attempt } from '../../engine.js';
+import { toExecutionError } from './rows.js';
 
 interface AttemptRow {
   execution_id: string;
@@ -12,6 +13,7 @@ interface AttemptRow {
   error_number: string | null;
   error_message: string | null;
   error_detail: string | null;
+  error_context: string | null;
 }
 
 /**
@@ -23,11 +25,11 @@ export async function getHistory(pool: pg.Pool, ids: readonly string[]): Promise
   if (!ids.length) return history;
   const { rows } = await pool.query<AttemptRow>(
     `select a.execution_id, a.number, a.status, a.started_at, a.finished_at, a.worker, a.backend_pid,
-            a.error_number, a.error_message, a.error_detail
+            a.error_number, a.error_message, a.error_detail, a.error_context
        from asyncproc.attempts a where a.execution_id = any($1::bigint[])
      union all
      select e.id, e.attempts + e.recoveries, e.status, e.started_at, e.finished_at, e.worker, e.backend_pid,
-            e.error_number, e.error_message, e.error_detail
+            e.error_number, e.error_message, e.error_detail, e.error_context
        from asyncproc.executions e
       where e.id = any($1::bigint[]) and e.status in ('RUNNING', 'SUCCEEDED', 'FAILED') and e.started_at is not null
      order by 1, 2`,
@@ -41,16 +43,7 @@ export async function getHistory(pool: pg.Pool, ids: readonly string[]): Promise
       finishedAt: row.finished_at,
       worker: row.worker,
       sessionId: row.backend_pid,
-      error:
-        row.error_message === null
-          ? null
-          : {
-              number: row.error_number,
-              message: [row.error_message, row.error_detail].filter(Boolean).join(': '),
-              severity: null,
-              state: null,
-              line: null,
-            },
+      error: toExecutionError(row),
     });
   }
   return history;

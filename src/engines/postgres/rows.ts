@@ -1,4 +1,4 @@
-import type { Execution, ExecutionFilter, ExecutionStatus } from '../../engine.js';
+import type { Execution, ExecutionError, ExecutionFilter, ExecutionStatus } from '../../engine.js';
 
 /** The columns every execution read selects, in the shape toExecution() expects. */
 export const EXECUTION_COLUMNS = `e.id, e.token, e.procedure, e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
@@ -35,8 +35,21 @@ function lineOf(context: string | null): number | null {
   return match ? Number(match[1]) : null;
 }
 
+/** The error columns shared by asyncproc.executions and asyncproc.attempts. */
+export interface ErrorColumns {
+  error_number: string | null;
+  error_message: string | null;
+  error_detail: string | null;
+  error_context?: string | null;
+}
+
+export function toExecutionError(row: ErrorColumns): ExecutionError | null {
+  if (row.error_message === null) return null;
+  const message = [row.error_message, row.error_detail].filter(Boolean).join(': ');
+  return { number: row.error_number, message, severity: null, state: null, line: lineOf(row.error_context ?? null) };
+}
+
 export function toExecution(row: ExecutionRow): Execution {
-  const message = row.error_message === null ? null : [row.error_message, row.error_detail].filter(Boolean).join(': ');
   return {
     id: row.id,
     token: row.token,
@@ -51,10 +64,7 @@ export function toExecution(row: ExecutionRow): Execution {
     attempts: row.attempts,
     maxAttempts: row.max_attempts,
     submittedBy: row.submitted_by,
-    error:
-      message === null
-        ? null
-        : { number: row.error_number, message, severity: null, state: null, line: lineOf(row.error_context) },
+    error: toExecutionError(row),
     result: row.result,
     worker: row.worker,
     sessionId: row.backend_pid,
