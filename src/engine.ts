@@ -176,7 +176,9 @@ export type EngineErrorCode =
   | 'BAD_USER_INPUT'
   | 'NOT_FOUND'
   | 'FORBIDDEN'
-  | 'PAYLOAD_TOO_LARGE';
+  | 'PAYLOAD_TOO_LARGE'
+  /** cancelExecution on an execution that already ended. */
+  | 'ALREADY_FINISHED';
 
 export class EngineError extends Error {
   constructor(
@@ -224,6 +226,13 @@ export interface Engine<Tx = unknown> {
   listQueues(): Promise<QueueInfo[]>;
   /** Create a named queue or change its concurrency limit (1–1000); BAD_USER_INPUT for a bad name or limit. */
   configureQueue(name: string, concurrency: number): Promise<QueueInfo>;
+  /**
+   * Cancel an execution. WAITING/PENDING: CANCELLED, it never starts. RUNNING: the database
+   * is asked to cancel the running statement (where the service has that right; else
+   * FORBIDDEN) and the call ends CANCELLED, its own writes rolled back. Already ended:
+   * ALREADY_FINISHED. Unknown token: NOT_FOUND. Resolves with the execution as it is then.
+   */
+  cancelExecution(token: string): Promise<Execution>;
   /** The execution log: every attempt of each execution (by execution id), oldest first. */
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>>;
   /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */

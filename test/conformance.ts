@@ -329,5 +329,60 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.equal(attempt.worker, done.worker);
       assert.deepEqual(history.get('999999999'), []);
     });
+
+    it('cancel: a WAITING call never starts', async () => {
+      const tag = unique('cancel-waiting');
+      const [execution] = await submit([{ procedure: 'demo.record', arguments: { tag }, runAt: new Date(Date.now() + 1500) }]);
+      const cancelled = await engine.cancelExecution(execution.token);
+      assert.equal(cancelled.status, 'CANCELLED');
+      assert.ok(cancelled.finishedAt);
+      await new Promise((resolve) => setTimeout(resolve, 2500));
+      const after = (await engine.getExecution(execution.token))!;
+      assert.equal(after.status, 'CANCELLED');
+      assert.equal(after.startedAt, null);
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
+    it('cancel: a PENDING call never starts; the queue goes on', async () => {
+      const queue = unique('cq');
+      await engine.configureQueue(queue, 1);
+      const tag = unique('cancel-pending');
+      const [blocker, pending, after] = await submit([
+        { procedure: 'demo.sleep', arguments: { seconds: 1 }, queue },
+        { procedure: 'demo.record', arguments: { tag }, queue },
+        { procedure: 'demo.add', arguments: { a: 1, b: 1 }, queue },
+      ]);
+      await waitFor(async () => (await engine.getExecution(blocker.token))?.status === 'RUNNING', 10_000, 'the blocker to run');
+      assert.equal((await engine.getExecution(pending.token))?.status, 'PENDING');
+      assert.equal((await engine.cancelExecution(pending.token)).status, 'CANCELLED');
+      const rows = await finished([blocker.token, pending.token, after.token]);
+      assert.deepEqual(
+        [blocker, pending, after].map((e) => rows.find((r) => r.token === e.token)!.status),
+        ['SUCCEEDED', 'CANCELLED', 'SUCCEEDED'],
+      );
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
+    it('cancel: a RUNNING call is stopped and recorded CANCELLED; finished and unknown calls are refused', async () => {
+      const queue = unique('cr');
+      await engine.configureQueue(queue, 1);
+      const [running, next] = await submit([
+        { procedure: 'demo.sleep', arguments: { seconds: 30 }, queue },
+        { procedure: 'demo.add', arguments: { a: 2, b: 3 }, queue },
+      ]);
+      await waitFor(async () => (await engine.getExecution(running.token))?.status === 'RUNNING', 10_000, 'the call to run');
+      const started = Date.now();
+      const cancelled = await engine.cancelExecution(running.token);
+      assert.equal(cancelled.status, 'CANCELLED');
+      assert.ok(Date.now() - started < 15_000, 'a 30 s call was stopped, not waited for');
+      const [done] = await finished([next.token]);
+      assert.equal(done.status, 'SUCCEEDED', 'the queue goes on');
+      await assert.rejects(engine.cancelExecution(done.token), (e: unknown) => e instanceof EngineError && e.code === 'ALREADY_FINISHED');
+      await assert.rejects(engine.cancelExecution(running.token), (e: unknown) => e instanceof EngineError && e.code === 'ALREADY_FINISHED');
+      await assert.rejects(
+        engine.cancelExecution('00000000-0000-4000-8000-000000000000'),
+        (e: unknown) => e instanceof EngineError && e.code === 'NOT_FOUND',
+      );
+    });
   });
 }

@@ -99,6 +99,38 @@ describe('several worker processes', () => {
   });
 });
 
+describe('cancelling running calls', () => {
+  it("a cancelled call's own writes roll back", async () => {
+    const activator = await engine.startActivator({ workerId: 'cancel-writes' });
+    try {
+      const [token] = await invokeSql([['faults.record_then_sleep', { tag: 'cancelled-writes', seconds: 30 }]]);
+      await waitFor(async () => (await statusOf(token)).status === 'RUNNING', 10_000, 'running');
+      await sleep(200); // the ledger row is written, not committed
+      assert.equal((await engine.cancelExecution(token)).status, 'CANCELLED');
+      assert.equal(await ledger('cancelled-writes'), 0);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a cancel signal that reaches a call nobody asked to cancel only starts it again: it completes once', async () => {
+    const activator = await engine.startActivator({ workerId: 'stray-cancel' });
+    try {
+      const [token] = await invokeSql([['faults.record_then_sleep', { tag: 'stray-cancel', seconds: 1.5 }]]);
+      const running = await waitFor(async () => {
+        const e = await statusOf(token);
+        return e.status === 'RUNNING' ? e : null;
+      }, 10_000, 'running');
+      await sql.query('select pg_cancel_backend($1)', [running.sessionId]);
+      const [done] = await allFinished([token]);
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.equal(await ledger('stray-cancel'), 1);
+    } finally {
+      await activator.close();
+    }
+  });
+});
+
 describe('faults', () => {
   it('a call claimed by a live session is never started again; once that session dies it is', async () => {
     const [token] = await invokeSql([['demo.record', { tag: 'live-claim' }]]);

@@ -219,6 +219,23 @@ describe('queues, delayed runs, retries and the execution log', () => {
   });
 });
 
+describe('cancelExecution', () => {
+  it('cancels a running call; its subscriber hears CANCELLED; finished, unknown and malformed tokens are refused', async () => {
+    const { body } = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 30 } });
+    const token = body.data.invoke.execution.token;
+    await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'RUNNING');
+    const completion = collect(t.ws().iterate({ query: `subscription { executionCompleted(token: "${token}") { status } }` }));
+    const cancelled = await t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status finishedAt error { number } } } }`, { t: token });
+    assert.equal(cancelled.body.data.cancelExecution.execution.status, 'CANCELLED');
+    assert.equal(cancelled.body.data.cancelExecution.execution.error.number, '57014');
+    assert.deepEqual((await completion).map((r) => r.data), [{ executionCompleted: { status: 'CANCELLED' } }]);
+    const cancel = (t2: string) => () => t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: t2 });
+    await expectCode('ALREADY_FINISHED', cancel(token));
+    await expectCode('NOT_FOUND', cancel('00000000-0000-4000-8000-000000000000'));
+    await expectCode('BAD_USER_INPUT', cancel('abc'));
+  });
+});
+
 describe('subscriptions', () => {
   it('executionCompleted over graphql-ws: one event when it finishes, then the stream ends', async () => {
     const { body } = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 0.5 } });

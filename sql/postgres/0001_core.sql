@@ -35,6 +35,7 @@ create table asyncproc.executions (
   attempts       integer not null default 0,
   max_attempts   integer not null default 1,
   recoveries     integer not null default 0,   -- runs lost with their worker and started again
+  cancel_requested boolean not null default false, -- cancelExecution asked to stop it while RUNNING
   submitted_by   text,
   error_number   text,                         -- SQLSTATE
   error_message  text,
@@ -242,20 +243,23 @@ $$;
 -- The caller notifies (id:seq:RUNNING) after commit.
 create function asyncproc.claim(queue_name text, worker text, out id bigint, out seq bigint)
 language plpgsql as $$
+declare
+  ready_id bigint;
 begin
-  with next_ready as (
+  loop
     delete from asyncproc.ready r
      where r.queue = queue_name
        and r.id = (select x.id from asyncproc.ready x where x.queue = queue_name
                     order by x.id limit 1 for update skip locked)
-    returning r.id
-  )
-  update asyncproc.executions e
-     set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
-         worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq')
-    from next_ready
-   where e.id = next_ready.id
-  returning e.id, e.seq into claim.id, claim.seq;
+    returning r.id into ready_id;
+    exit when ready_id is null;
+    update asyncproc.executions e
+       set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
+           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq')
+     where e.id = ready_id and e.status = 'PENDING'   -- a ready row of a call cancelled meanwhile is dropped
+    returning e.id, e.seq into claim.id, claim.seq;
+    exit when claim.id is not null;
+  end loop;
   if claim.id is not null then
     perform pg_advisory_lock(x'41535943'::integer, asyncproc.lock_key(claim.id));
   end if;
@@ -446,6 +450,72 @@ begin
     perform pg_notify('asyncproc_wake', due.queue);
   end loop;
   return released;
+end
+$$;
+
+-- Cancel by token. outcome: CANCELLED (it was WAITING/PENDING and now never starts),
+-- RUNNING (cancel_requested is set; the caller signals backend_pid), FINISHED, NOT_FOUND.
+create function asyncproc.cancel(cancel_token uuid, out outcome text, out backend_pid integer)
+language plpgsql as $$
+declare
+  target   record;
+  new_seq  bigint;
+begin
+  select e.id, e.queue into target from asyncproc.executions e where e.token = cancel_token;
+  if not found then
+    outcome := 'NOT_FOUND';
+    return;
+  end if;
+  -- the ready row first, as a claim takes it: a claim in progress makes us wait for its commit
+  delete from asyncproc.ready r where r.queue = target.queue and r.id = target.id;
+  update asyncproc.executions e
+     set status = 'CANCELLED', finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq')
+   where e.id = target.id and e.status in ('WAITING', 'PENDING')
+  returning e.seq into new_seq;
+  if new_seq is not null then
+    perform asyncproc.emit(target.id, new_seq, 'CANCELLED');
+    outcome := 'CANCELLED';
+    return;
+  end if;
+  update asyncproc.executions e set cancel_requested = true
+   where e.id = target.id and e.status = 'RUNNING'
+  returning e.backend_pid into cancel.backend_pid;
+  outcome := case when found then 'RUNNING' else 'FINISHED' end;
+end
+$$;
+
+-- End a call whose statement was interrupted outside run()'s own error capture
+-- (query_canceled and the like), then release it. Cancelled on request: CANCELLED.
+-- Interrupted without a request (a cancel meant for the call before it on this
+-- session): its transaction rolled back, so it goes back to PENDING, at most five times.
+create function asyncproc.abandon(
+  execution_id bigint, err_number text, err_message text, out done_seq bigint, out done_status text
+)
+language plpgsql as $$
+declare
+  call record;
+begin
+  select e.cancel_requested, e.recoveries, e.queue, e.status into call
+    from asyncproc.executions e where e.id = execution_id for update;
+  if call.status = 'RUNNING' and call.cancel_requested then
+    update asyncproc.executions e
+       set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
+           error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq')
+     where e.id = execution_id
+    returning e.seq, e.status into abandon.done_seq, abandon.done_status;
+  elsif call.status = 'RUNNING' and err_number = '57014' and call.recoveries + 1 < 5 then
+    update asyncproc.executions e
+       set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
+           seq = nextval('asyncproc.change_seq')
+     where e.id = execution_id
+    returning e.seq, e.status into abandon.done_seq, abandon.done_status;
+    insert into asyncproc.ready (queue, id) values (call.queue, execution_id);
+    perform pg_notify('asyncproc_wake', call.queue);
+  elsif call.status = 'RUNNING' then
+    select f.done_seq, f.done_status into abandon.done_seq, abandon.done_status
+      from asyncproc.finish(execution_id, false, null, err_number, err_message) f;
+  end if;
+  perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
 end
 $$;
 

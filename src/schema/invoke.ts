@@ -1,6 +1,6 @@
 import type { Execution, InvokeCall } from '../engine.js';
 import { builder, type Context } from './builder.js';
-import { guard, userError } from './errors.js';
+import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
 
 const InvokeInput = builder.inputType('InvokeInput', {
@@ -61,6 +61,10 @@ export async function submitAll(inputs: readonly InvokeInputShape[], context: Co
 const InvokePayload = builder.objectRef<{ execution: Execution }>('InvokePayload').implement({
   fields: (t) => ({ execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }) }),
 });
+const CancelExecutionPayload = builder.objectRef<{ execution: Execution }>('CancelExecutionPayload').implement({
+  fields: (t) => ({ execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }) }),
+});
+
 const InvokeManyPayload = builder.objectRef<{ executions: Execution[] }>('InvokeManyPayload').implement({
   fields: (t) => ({ executions: t.field({ type: [ExecutionRef], resolve: (p) => p.executions }) }),
 });
@@ -77,5 +81,13 @@ builder.mutationFields((t) => ({
     description: 'Submit several calls in one transaction: all or none.',
     args: { inputs: t.arg({ type: [InvokeInput], required: true }) },
     resolve: async (_root, { inputs }, context) => ({ executions: await submitAll(inputs, context) }),
+  }),
+  cancelExecution: t.field({
+    type: CancelExecutionPayload,
+    description:
+      'WAITING/PENDING: cancelled, it never starts. RUNNING: its statement is cancelled in the database and its writes roll back. Finished: ALREADY_FINISHED.',
+    args: { token: t.arg.id({ required: true }) },
+    resolve: (_root, { token }, { engine }) =>
+      guard(async () => ({ execution: await engine.cancelExecution(checkToken(String(token))) })),
   }),
 }));

@@ -170,8 +170,7 @@ class QueueWorkers {
         const err = error as pg.DatabaseError;
         const done = (
           await client.query<{ done_seq: string | null; done_status: ExecutionStatus | null }>(
-            `select f.done_seq, f.done_status, pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key($1))
-               from asyncproc.finish($1, false, null, $2, $3) f`,
+            'select done_seq, done_status from asyncproc.abandon($1, $2, $3)',
             [current, err.code ?? null, err.message],
           )
         ).rows[0];

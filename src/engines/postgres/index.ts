@@ -12,6 +12,7 @@ import { installDemo, migrate } from './migrator.js';
 import { listProcedures, registerProcedure } from './procedures.js';
 import { configureQueue, listQueues } from './queues.js';
 import { getHistory } from './history.js';
+import { cancelExecution } from './cancel.js';
 
 export interface PostgresEngineOptions {
   connectionString: string;
@@ -136,6 +137,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   configureQueue(name: string, concurrency: number) {
     return configureQueue(this.pool, name, concurrency);
+  }
+  cancelExecution(token: string) {
+    return cancelExecution(this.pool, token);
   }
   getHistory(ids: readonly string[]) {
     return getHistory(this.pool, ids);
