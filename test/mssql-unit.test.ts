@@ -8,8 +8,9 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
-import { EngineError } from '../src/engine.js';
+import { EngineError, type Execution, type ExecutionStatus } from '../src/engine.js';
 import { splitBatches } from '../src/engines/mssql/batches.js';
+import { runCancel, type CancelRequestStatus, type CancelSteps } from '../src/engines/mssql/cancel.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
 import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
 import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
@@ -191,6 +192,16 @@ describe('mssql: DATABASE_URL', () => {
     assert.throws(() => parseMssqlUrl('mssql://u:p@host:1433/db?instanceName=X'), /port or instanceName/);
   });
 
+  it('parses allowKill, off unless asked for', () => {
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db').allowKill, false);
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db?allowKill=true').allowKill, true);
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db?allowKill=1&encrypt=false').allowKill, true);
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db?allowKill=false').allowKill, false);
+    assert.throws(() => parseMssqlUrl('mssql://u:p@host/db?allowKill=please'), /allowKill must be true or false/);
+    // not a driver option: it never reaches the mssql config
+    assert.equal((parseMssqlUrl('mssql://u:p@host/db?allowKill=true').config.options as Record<string, unknown>).allowKill, undefined);
+  });
+
   it('refuses other schemes, a missing database, unknown options and bad values', () => {
     assert.throws(() => parseMssqlUrl('postgres://u:p@host/db'), /mssql:\/\//);
     assert.throws(() => parseMssqlUrl('mssql://u:p@host'), /database/);
@@ -325,6 +336,9 @@ describe('mssql: cursors and errors', () => {
     expect(50002, 'INVALID_ARGUMENTS');
     expect(50003, 'UNKNOWN_QUEUE');
     expect(50005, 'BAD_USER_INPUT');
+    expect(50006, 'NOT_FOUND');
+    expect(50007, 'ALREADY_FINISHED');
+    expect(50008, 'FORBIDDEN');
     expect(50000, undefined);
     expect(1205, undefined);
     assert.ok(mapDatabaseError('plain text') instanceof Error);
@@ -482,5 +496,132 @@ describe('mssql: execution log', () => {
     const log = run.indexOf('UPDATE asyncexec.AsyncExecAttempts');
     assert.ok(fresh > 0 && log > fresh && log > run.indexOf('IF EXISTS (SELECT 1 FROM @changed)'));
     assert.ok(log < run.indexOf('COMMIT TRANSACTION', log));
+  });
+});
+
+describe('mssql: cancelExecution', () => {
+  const execution = (status: ExecutionStatus): Execution => ({
+    id: '7',
+    token: '00000000-0000-0000-0000-000000000007',
+    procedure: 'demo.sleep',
+    arguments: {},
+    queue: 'default',
+    status,
+    submittedAt: new Date(0),
+    runAt: null,
+    startedAt: null,
+    finishedAt: null,
+    attempts: 1,
+    maxAttempts: 1,
+    submittedBy: null,
+    error: null,
+    result: null,
+    worker: null,
+    sessionId: 60,
+    cursor: '0x0000000000000001',
+  });
+
+  /** Fake steps: `requests` answers usp_AsyncExecCancel in turn, `statuses` the reads in turn (the last repeats). */
+  function fake(requests: Array<CancelRequestStatus | Error>, statuses: ExecutionStatus[]) {
+    const log: string[] = [];
+    let clock = 0;
+    const steps: CancelSteps = {
+      async request() {
+        const next = requests.shift() ?? assert.fail('unexpected request');
+        log.push(`request:${next instanceof Error ? (next as EngineError).code : next}`);
+        if (next instanceof Error) throw next;
+        return { id: '7', status: next };
+      },
+      async read() {
+        const status = statuses.length > 1 ? statuses.shift()! : statuses[0];
+        log.push(`read:${status}`);
+        return execution(status);
+      },
+      async kill(_id, killed) {
+        log.push('kill');
+        killed.add(60);
+      },
+      async settle() {
+        log.push('settle');
+      },
+      async sleep(ms) {
+        clock += ms;
+      },
+      now: () => clock,
+    };
+    return { steps, log };
+  }
+
+  it('cancels a WAITING or PENDING call in one request and returns it', async () => {
+    const { steps, log } = fake(['CANCELLED'], ['CANCELLED']);
+    assert.equal((await runCancel(steps)).status, 'CANCELLED');
+    assert.deepEqual(log, ['request:CANCELLED', 'read:CANCELLED']);
+  });
+
+  it('passes the refusals of the first request on, changing nothing', async () => {
+    for (const code of ['NOT_FOUND', 'ALREADY_FINISHED', 'FORBIDDEN'] as const) {
+      const { steps, log } = fake([new EngineError(code, code)], ['RUNNING']);
+      await assert.rejects(runCancel(steps), (e: unknown) => e instanceof EngineError && e.code === code);
+      assert.deepEqual(log, [`request:${code}`]);
+    }
+  });
+
+  it('kills a RUNNING call, settles it and waits until it is no longer RUNNING', async () => {
+    const { steps, log } = fake(['RUNNING'], ['RUNNING', 'RUNNING', 'CANCELLED']);
+    assert.equal((await runCancel(steps)).status, 'CANCELLED');
+    assert.deepEqual(log, ['request:RUNNING', 'kill', 'settle', 'read:RUNNING', 'kill', 'settle', 'read:RUNNING', 'kill', 'settle', 'read:CANCELLED']);
+  });
+
+  it('returns the outcome a run reached before the kill landed', async () => {
+    const { steps } = fake(['RUNNING'], ['SUCCEEDED']);
+    assert.equal((await runCancel(steps)).status, 'SUCCEEDED');
+  });
+
+  it('gives up waiting after waitMs and returns the call as it is', async () => {
+    const { steps } = fake(['RUNNING'], ['RUNNING']);
+    assert.equal((await runCancel(steps, { waitMs: 1000, pollMs: 100 })).status, 'RUNNING');
+  });
+
+  it('asks again when a reader held the call (BUSY), and when it was claimed meanwhile', async () => {
+    const busy = fake(['BUSY', 'CANCELLED'], ['PENDING', 'CANCELLED']);
+    assert.equal((await runCancel(busy.steps)).status, 'CANCELLED');
+    assert.deepEqual(busy.log, ['request:BUSY', 'read:PENDING', 'request:CANCELLED', 'read:CANCELLED']);
+    // claimed between the two requests, and no allowKill: FORBIDDEN, nothing killed
+    const claimed = fake(['BUSY', new EngineError('FORBIDDEN', 'allowKill=true')], ['RUNNING']);
+    await assert.rejects(runCancel(claimed.steps), (e: unknown) => e instanceof EngineError && e.code === 'FORBIDDEN');
+    assert.ok(!claimed.log.includes('kill'));
+    // finished between the two requests: returned as it is
+    const finished = fake(['BUSY', new EngineError('ALREADY_FINISHED', 'done')], ['PENDING', 'SUCCEEDED']);
+    assert.equal((await runCancel(finished.steps)).status, 'SUCCEEDED');
+  });
+
+  it('keeps the lock order and the KILL rules in the T-SQL', async () => {
+    const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
+    const batches = splitBatches(text).map((b) => b.text);
+    const proc = (name: string) => codeOnly(batches.find((b) => new RegExp(`CREATE PROCEDURE asyncexec\\.${name}\\b`).test(b))!);
+    // the application lock names stay within the 32 characters sys.dm_tran_locks shows
+    assert.ok(`asyncexec/${'9'.repeat(19)}`.length <= 32);
+    assert.doesNotMatch(codeOnly(text), /asyncexec\/execution\//);
+    // the claim reads the call again after taking its lock
+    const claim = proc('usp_AsyncExecActivated');
+    const lock = claim.indexOf('EXEC @lock = sys.sp_getapplock', claim.indexOf('PENDING, WAITING and due'));
+    assert.ok(lock > 0);
+    assert.ok(claim.indexOf('WITH (UPDLOCK, ROWLOCK)', lock) > lock, 'the claim reads the call again under its lock');
+    // KILL runs only outside a transaction, in dynamic SQL, never on our own session
+    const kill = proc('usp_AsyncExecKill');
+    assert.doesNotMatch(kill, /BEGIN\s+TRAN/i);
+    assert.match(kill, /@@TRANCOUNT > 0/);
+    assert.match(kill, /@sessionId = @@SPID/);
+    assert.match(kill, /sys\.dm_tran_locks/);
+    // the cancel takes the call's lock before its row, and records a RUNNING cancel before anything is killed
+    const cancel = proc('usp_AsyncExecCancel');
+    assert.ok(cancel.indexOf('sp_getapplock') < cancel.indexOf('WITH (UPDLOCK, ROWLOCK)'));
+    assert.match(cancel, /SET cancel_requested = 1 WHERE id = @id AND cancel_requested = 0;\s+COMMIT TRANSACTION;/);
+    assert.doesNotMatch(cancel, /\bKILL\b\s+\d|EXEC\s+sys\.sp_executesql/);
+    // the settle takes the conversation group first, as a reader's RECEIVE does
+    const settle = proc('usp_AsyncExecSettleCancel');
+    const begin = settle.indexOf('BEGIN TRANSACTION');
+    assert.ok(begin > 0 && settle.indexOf('BEGIN CONVERSATION TIMER', begin) < settle.indexOf('sp_getapplock', begin));
+    assert.ok(settle.indexOf('UPDATE asyncexec.AsyncExecAttempts') > settle.indexOf("SET status = 'CANCELLED'"), 'the killed attempt is logged LOST');
   });
 });

@@ -55,6 +55,9 @@ CREATE TABLE asyncexec.AsyncExecResults (
     attempts          int              NOT NULL CONSTRAINT DF_AsyncExecResults_attempts DEFAULT (0),
     max_attempts      int              NOT NULL CONSTRAINT DF_AsyncExecResults_max_attempts DEFAULT (1),
     recoveries        int              NOT NULL CONSTRAINT DF_AsyncExecResults_recoveries DEFAULT (0),  -- runs lost with their session
+    -- set (and committed) by usp_AsyncExecCancel before it kills the session running the
+    -- call: whoever next finds the call without a live reader records it CANCELLED
+    cancel_requested  bit              NOT NULL CONSTRAINT DF_AsyncExecResults_cancel DEFAULT (0),
     submitted_by      nvarchar(256)    NULL,
     submitted_login   nvarchar(128)    NULL,
     error_number      int              NULL,

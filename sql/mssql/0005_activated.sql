@@ -18,7 +18,8 @@
 -- the claim inserts the attempt (RUNNING, next number, @@SPID); the run closes it
 -- SUCCEEDED or FAILED with the outcome (FAILED also when a retry follows); a claim that
 -- finds the call RUNNING with its lock free, an EndDialog/Error on a call nobody runs, and
--- usp_AsyncExecAbandon close the running attempt as LOST.
+-- usp_AsyncExecAbandon close the running attempt as LOST, and so does usp_AsyncExecSettleCancel
+-- for a run killed by a cancel (see "Cancelling a call" below).
 
 -- Errors recorded on calls: 50001 the procedure disappeared, 50010 the call's session
 -- was lost five times, 50011 the call's dialog ended before the call finished, 50012 the
@@ -50,8 +51,8 @@ BEGIN
             @declare nvarchar(max), @assign nvarchar(max), @execArgs nvarchar(max), @outputs nvarchar(max),
             @types nvarchar(max), @sql nvarchar(max), @result nvarchar(max), @failed bit = 0,
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
-            @attempts int, @maxAttempts int, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
-            @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/execution/', @id);
+            @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
+            @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id);
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @args = e.arguments, @registered = e.[procedure],
@@ -150,8 +151,13 @@ BEGIN
                 COMMIT TRANSACTION;
         END;
 
-        SELECT @attempts = attempts, @maxAttempts = max_attempts FROM asyncexec.AsyncExecResults WHERE id = @id;
-        SET @status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' WHEN @attempts < @maxAttempts THEN 'WAITING' ELSE 'FAILED' END;
+        -- UPDLOCK: the latest committed row (usp_AsyncExecCancel may have just asked for a
+        -- cancel), kept until we commit. A call whose cancel was asked for while it ran and
+        -- that failed on its own is not retried: it ends CANCELLED (its attempt FAILED).
+        SELECT @attempts = attempts, @maxAttempts = max_attempts, @cancel = cancel_requested
+        FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK) WHERE id = @id;
+        SET @status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' WHEN @attempts < @maxAttempts AND @cancel = 1 THEN 'CANCELLED'
+                           WHEN @attempts < @maxAttempts THEN 'WAITING' ELSE 'FAILED' END;
         IF @status = 'WAITING'
             -- exponential backoff with jitter: about 2^attempts seconds, at most five minutes
             SET @retryIn = CEILING(IIF(@attempts > 8, 300.0, POWER(CAST(2 AS float), @attempts)) * (0.75 + RAND() / 2));
@@ -240,7 +246,7 @@ BEGIN
             EXEC sys.sp_executesql @receive, N'@h uniqueidentifier, @x uniqueidentifier OUTPUT', @h = @h, @x = @x OUTPUT;
         IF @id IS NOT NULL
         BEGIN
-            SET @resource = CONCAT(N'asyncexec/execution/', @id);
+            SET @resource = CONCAT(N'asyncexec/', @id);
             EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
             IF @lock < 0
             BEGIN
@@ -301,7 +307,7 @@ BEGIN
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @receive nvarchar(max), @h uniqueidentifier, @type sysname, @body varbinary(max), @id bigint,
-            @status varchar(10), @runAt datetime2(3), @recoveries int, @lease int, @lock int, @locked bit,
+            @status varchar(10), @runAt datetime2(3), @recoveries int, @cancel bit, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
             @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int;
     DECLARE @changed TABLE (v binary(8), status varchar(10));
@@ -327,7 +333,7 @@ BEGIN
         IF (SELECT concurrency FROM asyncexec.AsyncExecQueues WHERE name = @queue) < @concurrency
             RETURN;
         SELECT @h = NULL, @type = NULL, @body = NULL, @id = NULL, @status = NULL, @run = 0, @end = 0, @timer = NULL,
-               @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL;
+               @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL, @newStatus = NULL, @cancel = NULL;
         DELETE @changed;
         BEGIN TRY
             BEGIN TRANSACTION;
@@ -344,7 +350,9 @@ BEGIN
             IF @type = N'asyncexec/Request'
             BEGIN
                 SET @id = CAST(@body AS xml).value('(/request/@id)[1]', 'bigint');
-                UPDATE asyncexec.AsyncExecResults SET target_handle = @h WHERE id = @id;
+                -- (a second request on a dialog is usp_AsyncExecCancel's wake-up call: same handle)
+                UPDATE asyncexec.AsyncExecResults SET target_handle = @h
+                 WHERE id = @id AND (target_handle IS NULL OR target_handle <> @h);
             END
             ELSE
                 SELECT @id = id FROM asyncexec.AsyncExecResults WHERE target_handle = @h;
@@ -367,7 +375,7 @@ BEGIN
                     FROM (SELECT CAST(@body AS xml)) AS b (x);
                 IF @status IN ('PENDING', 'WAITING', 'RUNNING')
                 BEGIN
-                    SET @resource = CONCAT(N'asyncexec/execution/', @id);
+                    SET @resource = CONCAT(N'asyncexec/', @id);
                     EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = 0;
                     IF @lock >= 0
                     BEGIN
@@ -377,17 +385,27 @@ BEGIN
                            SET status = 'FAILED', finished_at = @now, error_number = 50011, error_severity = 16, error_state = 1,
                                error_message = CONCAT(N'the call''s dialog ended before the call finished',
                                                       N': ' + CAST(@errNumber AS nvarchar(11)) + N' ' + @errMessage)
-                        WHERE id = @id;
+                        -- the status read above may be stale (usp_AsyncExecCancel): the UPDATE
+                        -- checks the latest committed one
+                        WHERE id = @id AND status IN ('PENDING', 'WAITING', 'RUNNING');
                         -- RUNNING with its lock free: the session that ran it is gone
-                        UPDATE asyncexec.AsyncExecAttempts
-                           SET status = 'LOST', finished_at = @now
-                         WHERE execution_id = @id AND status = 'RUNNING';
+                        IF @@ROWCOUNT > 0
+                            UPDATE asyncexec.AsyncExecAttempts
+                               SET status = 'LOST', finished_at = @now
+                             WHERE execution_id = @id AND status = 'RUNNING';
                     END;
                 END;
                 SET @end = 1;
             END
             ELSE IF @status IS NULL OR @status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-                SET @end = 1;   -- nothing to run: a late timer, or a purged call
+            BEGIN
+                SET @end = 1;   -- nothing to run: a late timer, a purged call, or a cancelled one
+                -- A call cancelled while WAITING or PENDING (usp_AsyncExecCancel) never starts:
+                -- its request, its timer or the cancel's own request brings it here, and its
+                -- CANCELLED goes to the listener like any other outcome before the dialog ends.
+                INSERT @changed (v, status)
+                SELECT row_version, status FROM asyncexec.AsyncExecResults WHERE id = @id AND status = 'CANCELLED';
+            END
             ELSE IF @status = 'WAITING' AND @runAt > SYSUTCDATETIME()
                 -- TIMEOUT is an int of seconds: a runAt decades away would overflow it and
                 -- fail this message for good. Wait at most a day; the timer is armed again
@@ -397,46 +415,70 @@ BEGIN
             ELSE
             BEGIN
                 -- PENDING, WAITING and due, or RUNNING whose lease ran out: is its reader gone?
-                SET @resource = CONCAT(N'asyncexec/execution/', @id);
+                SET @resource = CONCAT(N'asyncexec/', @id);
                 EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Session', @LockTimeout = 0;
                 IF @lock < 0
                     SET @timer = @lease;   -- a live reader still runs it: look again later
                 ELSE
                 BEGIN
                     SET @locked = 1;
-                    SET @newStatus = CASE WHEN @status = 'RUNNING' AND @recoveries + 1 >= 5 THEN 'FAILED' ELSE 'RUNNING' END;
-                    SET @now = SYSUTCDATETIME();
-                    UPDATE asyncexec.AsyncExecResults
-                       SET status = @newStatus,
-                           started_at = CASE WHEN @newStatus = 'RUNNING' THEN @now ELSE started_at END,
-                           finished_at = CASE WHEN @newStatus = 'FAILED' THEN @now END,
-                           attempts = attempts + CASE WHEN status = 'RUNNING' THEN 0 ELSE 1 END,
-                           recoveries = recoveries + CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END,
-                           session_id = CASE WHEN @newStatus = 'RUNNING' THEN @@SPID ELSE session_id END,
-                           worker = CASE WHEN @newStatus = 'RUNNING' THEN CONCAT(N'session ', @@SPID) ELSE worker END,
-                           error_number = CASE WHEN @newStatus = 'FAILED' THEN 50010 ELSE error_number END,
-                           error_severity = CASE WHEN @newStatus = 'FAILED' THEN 16 ELSE error_severity END,
-                           error_state = CASE WHEN @newStatus = 'FAILED' THEN 1 ELSE error_state END,
-                           error_message = CASE WHEN @newStatus = 'FAILED'
-                                                THEN CONCAT(N'the session running this call was lost ', @recoveries + 1, N' times')
-                                                ELSE error_message END
-                    OUTPUT inserted.row_version, inserted.status INTO @changed (v, status)
+                    -- Read the call again, now that we hold its lock: usp_AsyncExecCancel cancels
+                    -- a WAITING or PENDING call holding this lock (not the conversation group), so
+                    -- the status read above may be stale. UPDLOCK reads the latest committed row
+                    -- and keeps it until we commit.
+                    SELECT @status = status, @runAt = run_at, @recoveries = recoveries, @cancel = cancel_requested
+                    FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
                     WHERE id = @id;
-                    -- The execution log, in the same transaction. A call found RUNNING with its
-                    -- lock free lost its session: that attempt is LOST. A run that starts now
-                    -- is the next attempt (numbers count runs, lost ones included).
-                    UPDATE asyncexec.AsyncExecAttempts
-                       SET status = 'LOST', finished_at = @now
-                     WHERE execution_id = @id AND status = 'RUNNING';
-                    IF @newStatus = 'RUNNING'
-                        INSERT asyncexec.AsyncExecAttempts (execution_id, number, status, started_at, session_id, worker)
-                        SELECT @id, COALESCE(MAX(a.number), 0) + 1, 'RUNNING', @now, @@SPID, CONCAT(N'session ', @@SPID)
-                        FROM asyncexec.AsyncExecAttempts AS a
-                        WHERE a.execution_id = @id;
-                    IF @newStatus = 'RUNNING'
-                        SELECT @run = 1, @timer = @lease;   -- the lease: brings the call back if this session dies
+                    SET @newStatus = CASE WHEN @status IS NULL OR @status NOT IN ('PENDING', 'WAITING', 'RUNNING') THEN NULL
+                                          WHEN @status = 'WAITING' AND @runAt > SYSUTCDATETIME() THEN 'WAITING'
+                                          -- cancel asked for and its session gone (killed): never run it again
+                                          WHEN @cancel = 1 THEN 'CANCELLED'
+                                          WHEN @status = 'RUNNING' AND @recoveries + 1 >= 5 THEN 'FAILED'
+                                          ELSE 'RUNNING' END;
+                    IF @newStatus IS NULL
+                    BEGIN
+                        SET @end = 1;   -- cancelled (or finished) since the read above: never start it
+                        INSERT @changed (v, status)
+                        SELECT row_version, status FROM asyncexec.AsyncExecResults WHERE id = @id AND status = 'CANCELLED';
+                    END
+                    ELSE IF @newStatus = 'WAITING'
+                        SET @timer = CAST(CEILING(IIF(DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt) > 86400000, 86400000,
+                                                      DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt)) / 1000.0) AS int);
                     ELSE
-                        SET @end = 1;
+                    BEGIN
+                        SET @now = SYSUTCDATETIME();
+                        UPDATE asyncexec.AsyncExecResults
+                           SET status = @newStatus,
+                               started_at = CASE WHEN @newStatus = 'RUNNING' THEN @now ELSE started_at END,
+                               finished_at = CASE WHEN @newStatus IN ('FAILED', 'CANCELLED') THEN @now END,
+                               attempts = attempts + CASE WHEN @newStatus = 'RUNNING' AND status <> 'RUNNING' THEN 1 ELSE 0 END,
+                               recoveries = recoveries + CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END,
+                               session_id = CASE WHEN @newStatus = 'RUNNING' THEN @@SPID ELSE session_id END,
+                               worker = CASE WHEN @newStatus = 'RUNNING' THEN CONCAT(N'session ', @@SPID) ELSE worker END,
+                               error_number = CASE WHEN @newStatus = 'FAILED' THEN 50010 ELSE error_number END,
+                               error_severity = CASE WHEN @newStatus = 'FAILED' THEN 16 ELSE error_severity END,
+                               error_state = CASE WHEN @newStatus = 'FAILED' THEN 1 ELSE error_state END,
+                               error_message = CASE WHEN @newStatus = 'FAILED'
+                                                    THEN CONCAT(N'the session running this call was lost ', @recoveries + 1, N' times')
+                                                    ELSE error_message END
+                        OUTPUT inserted.row_version, inserted.status INTO @changed (v, status)
+                        WHERE id = @id;
+                        -- The execution log, in the same transaction. A call found RUNNING with its
+                        -- lock free lost its session: that attempt is LOST. A run that starts now
+                        -- is the next attempt (numbers count runs, lost ones included).
+                        UPDATE asyncexec.AsyncExecAttempts
+                           SET status = 'LOST', finished_at = @now
+                         WHERE execution_id = @id AND status = 'RUNNING';
+                        IF @newStatus = 'RUNNING'
+                            INSERT asyncexec.AsyncExecAttempts (execution_id, number, status, started_at, session_id, worker)
+                            SELECT @id, COALESCE(MAX(a.number), 0) + 1, 'RUNNING', @now, @@SPID, CONCAT(N'session ', @@SPID)
+                            FROM asyncexec.AsyncExecAttempts AS a
+                            WHERE a.execution_id = @id;
+                        IF @newStatus = 'RUNNING'
+                            SELECT @run = 1, @timer = @lease;   -- the lease: brings the call back if this session dies
+                        ELSE
+                            SET @end = 1;
+                    END;
                 END;
             END;
 
@@ -497,6 +539,284 @@ BEGIN
             END CATCH;
         END;
     END;
+END;
+GO
+
+-- Cancelling a call (the service's cancelExecution; docs/mssql.md, "Cancelling a call").
+--
+-- Locks, in the order every path takes them (none waits for a lock while holding a later one):
+--   1. the conversation group of the call's activated side: RECEIVE (a reader's claim, the
+--      run's BEGIN CONVERSATION TIMER, usp_AsyncExecAbandon) and usp_AsyncExecSettleCancel;
+--      usp_AsyncExecCancel never touches it (it SENDs on the initiator side, whose group only
+--      the listener's short RECEIVE transactions take);
+--   2. the call's application lock N'asyncexec/<id>': readers take it with a zero timeout
+--      (they never wait for it); only usp_AsyncExecCancel waits for it, holding nothing else;
+--   3. the call's row in asyncexec.AsyncExecResults.
+-- Every status change of a WAITING, PENDING or RUNNING call is made holding the call's
+-- application lock, and a reader's claim reads the call again after taking that lock, so a
+-- call cancelled while WAITING or PENDING can never be started. A RUNNING call's lock is
+-- held by its reader for the whole run: its cancel is recorded in cancel_requested, the
+-- reader's session is killed (usp_AsyncExecKill, from the service, outside any
+-- transaction), and whoever next holds the lock records CANCELLED instead of running it.
+-- The resource name is kept within 32 characters (sp_getapplock: "only the first 32
+-- characters can be retrieved in plain text"), so sys.dm_tran_locks shows it whole.
+
+-- Errors (THROW, severity 16), mapped one to one by the service:
+--   50006 NOT_FOUND         no call has this token
+--   50007 ALREADY_FINISHED  the call is SUCCEEDED, FAILED or CANCELLED already
+--   50008 FORBIDDEN         the call is RUNNING and @allowKill is 0, or the caller lacks the
+--                           rights the kill needs (ALTER ANY CONNECTION, VIEW SERVER STATE)
+-- @status: CANCELLED (done), RUNNING (cancel recorded and committed: the service kills the
+-- session next), BUSY (a reader is claiming the call right now: try again).
+CREATE PROCEDURE asyncexec.usp_AsyncExecCancel
+    @token     uniqueidentifier,
+    @allowKill bit = 0,
+    @id        bigint = NULL OUTPUT,
+    @status    varchar(10) = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    DECLARE @message nvarchar(2048), @name nvarchar(60) = LOWER(CONVERT(nvarchar(36), @token)), @resource nvarchar(255),
+            @lock int, @wait int, @initiator uniqueidentifier, @state char(2), @body xml, @now datetime2(3);
+    SELECT @id = NULL, @status = NULL;
+
+    SELECT @id = id, @status = status FROM asyncexec.AsyncExecResults WHERE token = @token;
+    IF @id IS NULL
+    BEGIN
+        SET @message = CONCAT(N'execution ', @name, N' does not exist');
+        THROW 50006, @message, 1;
+    END;
+    SET @resource = CONCAT(N'asyncexec/', @id);
+    -- the reader of a RUNNING call holds its lock for the whole run: do not wait for it
+    SET @wait = CASE WHEN @status = 'RUNNING' THEN 0 ELSE 5000 END;
+
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = @wait;
+        -- UPDLOCK: the latest committed row (whatever the isolation level), kept until we end
+        SELECT @status = status, @initiator = initiator_handle
+        FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
+        WHERE id = @id;
+
+        IF @status IS NULL
+        BEGIN
+            SET @message = CONCAT(N'execution ', @name, N' does not exist');
+            THROW 50006, @message, 1;
+        END;
+        IF @status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+        BEGIN
+            SET @message = CONCAT(N'execution ', @name, N' has already finished (', @status, N')');
+            THROW 50007, @message, 1;
+        END;
+
+        IF @status = 'RUNNING'
+        BEGIN
+            IF COALESCE(@allowKill, 0) = 0
+            BEGIN
+                SET @message = CONCAT(N'execution ', @name, N' is RUNNING: cancelling it KILLs the SQL Server session that runs it, ',
+                                      N'which this service does only when configured with allowKill=true');
+                THROW 50008, @message, 1;
+            END;
+            IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'ALTER ANY CONNECTION'), 0) = 0
+               OR (COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE'), 0) = 0
+                   AND COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 0)
+            BEGIN
+                SET @message = CONCAT(N'execution ', @name, N' is RUNNING and allowKill=true, but the login lacks ALTER ANY CONNECTION ',
+                                      N'(for KILL) or VIEW SERVER STATE (for sys.dm_tran_locks): nothing was changed');
+                THROW 50008, @message, 1;
+            END;
+            -- Committed before any KILL: the killed run rolls back, and whoever next holds the
+            -- call's lock (usp_AsyncExecSettleCancel, or a reader on the lease timer) records
+            -- CANCELLED instead of running it again; a run that ends on its own first keeps its
+            -- outcome, but a failure is not retried (usp_AsyncExecRun).
+            UPDATE asyncexec.AsyncExecResults SET cancel_requested = 1 WHERE id = @id AND cancel_requested = 0;
+            COMMIT TRANSACTION;
+            RETURN;
+        END;
+
+        IF @lock < 0
+        BEGIN
+            -- a reader holds the call this very moment (claiming it, or recording a retry)
+            ROLLBACK TRANSACTION;
+            SET @status = 'BUSY';
+            RETURN;
+        END;
+
+        -- WAITING or PENDING, and no reader holds the call: a claim that follows takes the
+        -- lock first and reads the call again under it, so it can never start it.
+        SET @now = SYSUTCDATETIME();
+        UPDATE asyncexec.AsyncExecResults
+           SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1
+         WHERE id = @id AND status IN ('WAITING', 'PENDING');
+        SET @status = 'CANCELLED';
+
+        -- Wake the activated side now rather than at runAt or the retry backoff: a second
+        -- request on the dialog (the contract lets the initiator send Request). The reader
+        -- that receives it (or the first request, or the timer) finds the call CANCELLED,
+        -- sends CANCELLED to the listener like any outcome, and ends the dialog, which also
+        -- drops its timer and remaining messages. SEND needs the initiator side open
+        -- (STARTED_OUTBOUND or CONVERSING); otherwise the dialog is ending already.
+        SELECT @state = state FROM sys.conversation_endpoints WHERE conversation_handle = @initiator;
+        IF @state IN ('SO', 'CO')
+        BEGIN
+            SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
+            SAVE TRANSACTION usp_AsyncExecCancel;
+            BEGIN TRY
+                SEND ON CONVERSATION @initiator MESSAGE TYPE [asyncexec/Request] (@body);
+            END TRY
+            BEGIN CATCH
+                -- the cancel stands without the wake-up call: the dialog's own request or
+                -- timer ends it later
+                IF XACT_STATE() = -1
+                BEGIN
+                    THROW;
+                END;
+                ROLLBACK TRANSACTION usp_AsyncExecCancel;
+                INSERT asyncexec.AsyncExecErrors (execution_id, conversation_handle, error_number, error_message)
+                VALUES (@id, @initiator, ERROR_NUMBER(), ERROR_MESSAGE());
+            END CATCH;
+        END;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        THROW;
+    END CATCH;
+END;
+GO
+
+-- KILL the session running a call, only if it still holds the call's application lock
+-- (the reader running it holds it, session-owned, from its claim until its outcome has
+-- committed). The service calls this outside any transaction (KILL cannot run inside one)
+-- while another of its connections holds the call's row with UPDLOCK: the reader cannot
+-- record an outcome meanwhile, so it cannot have moved on to another call. A session that
+-- is gone holds no lock, so a reused session id never matches. Needs ALTER ANY CONNECTION
+-- (KILL) and VIEW SERVER STATE (sys.dm_tran_locks, sys.dm_exec_requests).
+CREATE PROCEDURE asyncexec.usp_AsyncExecKill
+    @id        bigint,
+    @sessionId int,
+    @killed    bit = 0 OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    DECLARE @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @kill nvarchar(100), @message nvarchar(2048);
+    SET @killed = 0;
+    IF @@TRANCOUNT > 0
+    BEGIN
+        SET @message = N'usp_AsyncExecKill must run outside a transaction';
+        THROW 50021, @message, 1;
+    END;
+    IF @id IS NULL OR @sessionId IS NULL OR @sessionId = @@SPID   -- "You can't kill your own process"
+        RETURN;
+
+    -- resource_description of an APPLICATION lock: <DbPrincipalId>:<up to 32 characters>:(<hash>)
+    -- (the name shown bracketed by current versions; both spellings are accepted).
+    IF EXISTS (SELECT 1
+                 FROM sys.dm_tran_locks AS l
+                WHERE l.request_session_id = @sessionId
+                  AND l.resource_type = N'APPLICATION'
+                  AND l.resource_database_id = DB_ID()
+                  AND l.request_owner_type = N'SESSION'
+                  AND l.request_mode = N'X'
+                  AND l.request_status IN (N'GRANT', N'GRANTED')
+                  AND (l.resource_description LIKE N'%:' + @resource + N':(%'
+                       OR l.resource_description LIKE N'%:\[' + @resource + N']:(%' ESCAPE N'\'))
+       -- already killed and rolling back: KILL again would only report progress, and the
+       -- KILL documentation warns against repeating it (the id may be reassigned meanwhile)
+       AND NOT EXISTS (SELECT 1 FROM sys.dm_exec_requests AS r
+                        WHERE r.session_id = @sessionId AND r.command = N'KILLED/ROLLBACK')
+    BEGIN
+        SET @kill = CONCAT(N'KILL ', @sessionId, N';');   -- KILL takes no variable: an int from the catalog
+        EXEC sys.sp_executesql @kill;
+        SET @killed = 1;
+    END;
+END;
+GO
+
+-- Record CANCELLED for a RUNNING call whose cancel was asked for (usp_AsyncExecCancel) once
+-- its session is gone (killed): the killed run has rolled back, the attempt was LOST, and
+-- the dialog ends with a CANCELLED status to the listener, as a reader's recovery on the
+-- lease timer would do (this does it at once, without waiting for the lease or for a
+-- free reader). Takes the locks in the claim's order: the conversation group, then the
+-- call's application lock without waiting, then the row. Does nothing while the killed
+-- session still holds the lock; @status is the call's status afterwards.
+CREATE PROCEDURE asyncexec.usp_AsyncExecSettleCancel
+    @id     bigint,
+    @status varchar(10) = NULL OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT OFF;
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    DECLARE @h uniqueidentifier, @cancel bit, @lease int, @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @lock int,
+            @now datetime2(3), @cursor varchar(18), @reply xml;
+    DECLARE @changed TABLE (v binary(8));
+    SET @status = NULL;
+
+    SELECT @status = e.status, @cancel = e.cancel_requested, @h = e.target_handle,
+           @lease = 60 + COALESCE(CEILING(r.timeout_ms / 1000.0), 0)
+    FROM asyncexec.AsyncExecResults AS e
+    LEFT JOIN asyncexec.AsyncExecProcedures AS r ON r.name = e.[procedure]
+    WHERE e.id = @id;
+    -- a killed session keeps its session-owned lock until it has rolled back and ended
+    IF @status IS NULL OR @status <> 'RUNNING' OR COALESCE(@cancel, 0) = 0 OR @h IS NULL
+       OR APPLOCK_TEST('public', @resource, 'Exclusive', 'Session') = 0
+        RETURN;
+
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        -- the conversation group first, as a reader's RECEIVE takes it (every statement on a
+        -- dialog locks its group); re-arming the lease is harmless if nothing changes below
+        BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+        EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+        IF @lock >= 0
+        BEGIN
+            SET @now = SYSUTCDATETIME();
+            UPDATE asyncexec.AsyncExecResults
+               SET status = 'CANCELLED', finished_at = @now,
+                   recoveries = recoveries + 1   -- the killed run was lost with its session
+            OUTPUT inserted.row_version INTO @changed (v)
+            WHERE id = @id AND status = 'RUNNING' AND cancel_requested = 1;
+            IF EXISTS (SELECT 1 FROM @changed)
+            BEGIN
+                -- the execution log, in the same transaction: the killed attempt is LOST
+                UPDATE asyncexec.AsyncExecAttempts
+                   SET status = 'LOST', finished_at = @now
+                 WHERE execution_id = @id AND status = 'RUNNING';
+                SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
+                SET @reply = (SELECT @id AS [@id], 'CANCELLED' AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
+                SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+                END CONVERSATION @h;   -- the listener ends the other side
+            END;
+        END;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0
+            ROLLBACK TRANSACTION;
+        -- a reader that recorded CANCELLED first has ended the dialog: nothing to log then
+        IF EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults WHERE id = @id AND status = 'RUNNING')
+            INSERT asyncexec.AsyncExecErrors (execution_id, conversation_handle, error_number, error_message)
+            VALUES (@id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
+    END CATCH;
+    SELECT @status = status FROM asyncexec.AsyncExecResults WHERE id = @id;
 END;
 GO
 

@@ -2,14 +2,18 @@ import sql from 'mssql';
 import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
 
 /**
- * THROW numbers of our procedures (documented in sql/mssql/0004_invoke.sql and docs/mssql.md):
- * 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS, 50003 UNKNOWN_QUEUE, 50005 BAD_USER_INPUT.
+ * THROW numbers of our procedures (documented in sql/mssql/0004_invoke.sql, 0005_activated.sql and
+ * docs/mssql.md): 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS, 50003 UNKNOWN_QUEUE,
+ * 50005 BAD_USER_INPUT; usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED, 50008 FORBIDDEN.
  */
 export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
   50001: 'UNKNOWN_PROCEDURE',
   50002: 'INVALID_ARGUMENTS',
   50003: 'UNKNOWN_QUEUE',
   50005: 'BAD_USER_INPUT',
+  50006: 'NOT_FOUND',
+  50007: 'ALREADY_FINISHED',
+  50008: 'FORBIDDEN',
 };
 
 /** The SQL Server error number of a driver error, if it carries one. */

@@ -1,24 +1,27 @@
 import sql from 'mssql';
-import type {
-  ActivatorOptions,
-  Attempt,
-  Closeable,
-  Engine,
-  Execution,
-  ExecutionEvent,
-  ExecutionFilter,
-  ExecutionPage,
-  InvokeCall,
-  ListenerSink,
-  PageRequest,
-  Procedure,
-  QueueInfo,
+import {
+  EngineError,
+  type ActivatorOptions,
+  type Attempt,
+  type Closeable,
+  type Engine,
+  type Execution,
+  type ExecutionEvent,
+  type ExecutionFilter,
+  type ExecutionPage,
+  type InvokeCall,
+  type ListenerSink,
+  type PageRequest,
+  type Procedure,
+  type QueueInfo,
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
+import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
+import { isToken } from './types.js';
 import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
 import { MssqlListener } from './listener.js';
@@ -43,6 +46,14 @@ export interface MssqlEngineOptions {
   sqlDir?: string;
   /** WAITFOR timeout of the listener, and its catch-up period. @default 1000 */
   listenerWaitMs?: number;
+  /**
+   * Let cancelExecution KILL the session running a RUNNING call (the login needs ALTER ANY
+   * CONNECTION and VIEW SERVER STATE; see docs/mssql.md). Overrides the URL's allowKill.
+   * @default the URL's allowKill, else false
+   */
+  allowKill?: boolean;
+  /** How long cancelExecution waits for a killed call to stop RUNNING. @default 10000 */
+  cancelWaitMs?: number;
 }
 
 /** The SQL Server engine: activation runs in the database, the service invokes, reads and listens. */
@@ -51,15 +62,21 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   readonly pool: sql.ConnectionPool;
   readonly config: sql.config;
   readonly database: string;
+  /** Whether cancelExecution may KILL the session running a call. */
+  readonly allowKill: boolean;
   private readonly logger: Logger;
   private readonly closeables = new Closeables();
 
   constructor(readonly options: MssqlEngineOptions) {
-    const { config, database } = parseMssqlUrl(options.url);
+    const { config, database, allowKill } = parseMssqlUrl(options.url);
     this.config = config;
     this.database = database;
+    this.allowKill = options.allowKill ?? allowKill;
     this.logger = options.logger ?? silentLogger;
-    this.pool = new sql.ConnectionPool({ ...config, pool: { max: options.poolSize ?? 10, ...config.pool } });
+    const poolConfig = { max: options.poolSize ?? 10, ...config.pool };
+    // the kill holds the call's row on one connection while another one runs KILL
+    if (this.allowKill && (poolConfig.max ?? 10) < 2) throw new Error('DATABASE_URL: allowKill=true needs poolMax ≥ 2');
+    this.pool = new sql.ConnectionPool({ ...config, pool: poolConfig });
     this.pool.on('error', (error: unknown) => this.logger.warn({ err: error }, 'query pool connection failed'));
   }
 
@@ -139,6 +156,14 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   /** Create a queue or change its concurrency (1–1000); returns it as listQueues reports it. */
   configureQueue(name: string, concurrency: number): Promise<QueueInfo> {
     return configureQueue(this.pool, name, concurrency);
+  }
+  /**
+   * WAITING/PENDING → CANCELLED at once; RUNNING → FORBIDDEN unless allowKill, else the
+   * reader's session is killed and the call recorded CANCELLED (waits up to cancelWaitMs).
+   */
+  async cancelExecution(token: string): Promise<Execution> {
+    if (typeof token !== 'string' || !isToken(token)) throw new EngineError('BAD_USER_INPUT', `malformed token "${String(token)}"`);
+    return runCancel(mssqlCancelSteps(this.pool, token, this.allowKill), { waitMs: this.options.cancelWaitMs });
   }
   /** Every attempt of each execution (asyncexec.AsyncExecAttempts), oldest first; [] for none. */
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {

@@ -5,12 +5,15 @@ import type sql from 'mssql';
  *   mssql://user:password@host[:port]/database?encrypt=true&trustServerCertificate=false
  *   sqlserver://… (same)
  * Query options: encrypt, trustServerCertificate, instanceName, appName,
- * connectionTimeout, requestTimeout (ms), poolMax, poolMin. User and password are
- * percent-decoded, so a password may hold any character.
+ * connectionTimeout, requestTimeout (ms), poolMax, poolMin, and allowKill (asyncproc's own:
+ * cancelExecution may KILL the session running a call; see docs/mssql.md). User and password
+ * are percent-decoded, so a password may hold any character.
  */
 export interface MssqlUrl {
   config: sql.config;
   database: string;
+  /** allowKill=true: cancelling a RUNNING call KILLs the session that runs it. @default false */
+  allowKill: boolean;
 }
 
 const BOOLEAN = new Map([
@@ -58,6 +61,7 @@ export function parseMssqlUrl(text: string): MssqlUrl {
   if (url.password) config.password = decodeURIComponent(url.password);
 
   const pool: NonNullable<sql.config['pool']> = {};
+  let allowKill = false;
   for (const [key, value] of url.searchParams) {
     switch (key) {
       case 'encrypt':
@@ -84,6 +88,9 @@ export function parseMssqlUrl(text: string): MssqlUrl {
       case 'poolMin':
         pool.min = int(key, value, 0);
         break;
+      case 'allowKill':
+        allowKill = bool(key, value);
+        break;
       default:
         throw new Error(`DATABASE_URL: unknown option "${key}"`);
     }
@@ -91,5 +98,5 @@ export function parseMssqlUrl(text: string): MssqlUrl {
   // a named instance is found through the SQL Browser, not by port
   if (options.instanceName && config.port !== undefined) throw new Error('DATABASE_URL: give either a port or instanceName, not both');
   if (Object.keys(pool).length) config.pool = pool;
-  return { config, database };
+  return { config, database, allowKill };
 }
