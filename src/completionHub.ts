@@ -138,11 +138,13 @@ export class CompletionHub implements ListenerSink {
     return new Repeater<ExecutionEvent>(async (push, stop) => {
       const delivered = new Delivered();
       let cursor = after ?? (await this.engine.latestCursor()) ?? '0';
+      // nothing at or before where the stream starts is news to this subscriber
+      const start = cursorValue(cursor);
       let replaying: Promise<void> | null = null;
       let again = false;
       const buffered: ExecutionEvent[] = [];
       const deliver = async (event: ExecutionEvent) => {
-        if (!matches(filter, event) || !delivered.admit(event)) return;
+        if (cursorValue(event.cursor) <= start || !matches(filter, event) || !delivered.admit(event)) return;
         if (cursorValue(event.cursor) > cursorValue(cursor)) cursor = event.cursor;
         await push(event);
       };

@@ -23,8 +23,12 @@ before(async () => {
     language plpgsql as $$ begin echo := jsonb_build_object('n', n, 'ts', ts, 'flags', flags, 'doc', doc, 'ids', ids, 'label', label); end $$;
     create function pgtest.twice(x integer) returns integer language sql as $$ select x * 2 $$;
     create function pgtest.series(n integer) returns table (i integer, sq integer) language sql as $$ select g, g * g from generate_series(1, n) g $$;
-    create procedure pgtest.unregistered() language plpgsql as $$ begin end $$;`);
-  for (const routine of ['pgtest.write_then_fail', 'pgtest.types', 'pgtest.twice', 'pgtest.series']) await engine.registerProcedure(routine);
+    create procedure pgtest.unregistered() language plpgsql as $$ begin end $$;
+    create procedure pgtest.detailed() language plpgsql as $$
+    begin
+      raise exception 'bad thing' using detail = 'the detail', errcode = '22023';
+    end $$;`);
+  for (const routine of ['pgtest.detailed', 'pgtest.write_then_fail', 'pgtest.types', 'pgtest.twice', 'pgtest.series']) await engine.registerProcedure(routine);
   activator = await engine.startActivator({ workerId: 'pgtest' });
 });
 after(async () => {
@@ -87,6 +91,12 @@ describe('running calls', () => {
     assert.equal(done.error?.number, '22012');
     assert.equal(done.error?.message, 'after writing savepoint');
     assert.equal((await sql.query(`select count(*)::int as n from pgtest.effects where tag = 'savepoint'`)).rows[0].n, 0);
+  });
+
+  it("an error's SQLSTATE, detail and line are recorded", async () => {
+    const done = await run('pgtest.detailed', {});
+    assert.equal(done.status, 'FAILED');
+    assert.deepEqual(done.error, { number: '22023', message: 'bad thing: the detail', severity: null, state: null, line: 3 });
   });
 
   it('arguments convert to every parameter type; defaults may be left out; null is NULL', async () => {

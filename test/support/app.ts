@@ -49,12 +49,29 @@ export async function startTestApp(databaseUrl: string, env: Record<string, stri
   };
 }
 
-/** Collect every result of a subscription until it completes (or `count` results arrived). */
-export async function collect<T>(iterator: AsyncIterableIterator<T>, count = Infinity): Promise<T[]> {
+/**
+ * Collect every result of a subscription until it completes (or `count` results arrived);
+ * fails after `timeoutMs`, so "never delivered" is a failed test, not a stalled run.
+ */
+export async function collect<T>(iterator: AsyncIterableIterator<T>, count = Infinity, timeoutMs = 60_000): Promise<T[]> {
   const results: T[] = [];
-  for await (const result of iterator) {
-    results.push(result);
-    if (results.length >= count) break;
+  let timer: NodeJS.Timeout | undefined;
+  const deadline = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => {
+      void iterator.return?.();
+      reject(new Error(`subscription delivered ${results.length} result(s) in ${timeoutMs} ms`));
+    }, timeoutMs);
+  });
+  const reading = (async () => {
+    for await (const result of iterator) {
+      results.push(result);
+      if (results.length >= count) break;
+    }
+    return results;
+  })();
+  try {
+    return await Promise.race([reading, deadline]);
+  } finally {
+    clearTimeout(timer);
   }
-  return results;
 }

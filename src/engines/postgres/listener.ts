@@ -53,6 +53,8 @@ export class PostgresListener implements Closeable {
   private poller: NodeJS.Timeout | null = null;
   private polling = false;
   private highWater = 0n;
+  /** Changes before the listener started are not looked for (subscriptions read the table themselves). */
+  private floor = 0n;
   private readonly heard = new RecentKeys(100_000);
 
   constructor(private readonly options: PostgresListenerOptions) {}
@@ -64,7 +66,7 @@ export class PostgresListener implements Closeable {
 
   async start(): Promise<void> {
     const { rows } = await this.options.pool.query<{ seq: string | null }>('select max(seq)::text as seq from asyncproc.executions');
-    this.highWater = BigInt(rows[0].seq ?? '0');
+    this.highWater = this.floor = BigInt(rows[0].seq ?? '0');
     await this.connect(false);
     this.poller = setInterval(() => void this.poll(), this.options.pollMs ?? 1000);
   }
@@ -74,7 +76,8 @@ export class PostgresListener implements Closeable {
     if (this.polling || this.closed || !this.client) return;
     this.polling = true;
     try {
-      const low = this.highWater > POLL_WINDOW ? this.highWater - POLL_WINDOW : 0n;
+      const windowed = this.highWater - POLL_WINDOW;
+      const low = windowed > this.floor ? windowed : this.floor;
       const { rows } = await this.options.pool.query<{ id: string; seq: string; status: ExecutionStatus }>(
         'select id, seq, status from asyncproc.executions where seq > $1 order by seq',
         [low.toString()],
