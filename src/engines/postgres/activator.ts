@@ -23,6 +23,8 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
 }
 
 const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
+/** Claims between two vacuums of the ready table. */
+const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
 type SlotClient = pg.Client & { slot?: number };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
@@ -148,6 +150,7 @@ class QueueWorkers {
     let next = claimed.id;
     if (next !== null) notifier.event(next, claimed.seq, 'RUNNING');
     while (next !== null) {
+      this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
       this.doorbell.ring();
       const current: string = next;
@@ -191,6 +194,9 @@ interface RunRow {
 export class PostgresActivator implements Closeable {
   stopping = false;
   readonly tickMs: number;
+  /** Calls claimed since the ready table was last vacuumed by this process. */
+  claimed = 0;
+  private vacuumRefused = false;
   private readonly queues = new Map<string, QueueWorkers>();
   private waker: pg.Client | null = null;
   private ticker: NodeJS.Timeout | null = null;
@@ -313,6 +319,7 @@ export class PostgresActivator implements Closeable {
     try {
       await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
       if (!this.dueTimer) this.scheduleDue();
+      await this.vacuumReady();
       if (Date.now() - this.lastPurge > 60_000) {
         this.lastPurge = Date.now();
         await this.pool.query(`select asyncproc.purge($1::interval)`, [`${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`]);
@@ -328,6 +335,22 @@ export class PostgresActivator implements Closeable {
   /** Work was just committed on these queues (by this process): wake a slot at once. */
   wake(queues: Iterable<string>): void {
     for (const queue of queues) this.queues.get(queue)?.doorbell.ring();
+  }
+
+  /**
+   * Every claim deletes a ready row, and a claim's index scan walks past the dead ones
+   * until they are vacuumed; autovacuum (once a minute at best) is too slow for a busy
+   * queue, so the activator vacuums that small table itself after many claims.
+   */
+  private async vacuumReady(): Promise<void> {
+    if (this.claimed < VACUUM_EVERY || this.vacuumRefused) return;
+    this.claimed = 0;
+    try {
+      await this.pool.query('vacuum (skip_locked) asyncproc.ready');
+    } catch (error) {
+      this.vacuumRefused = true; // not the table's owner: autovacuum does it, later
+      this.options.logger.warn({ err: toError(error) }, 'cannot vacuum asyncproc.ready; leaving it to autovacuum');
+    }
   }
 
   async close(): Promise<void> {
