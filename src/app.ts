@@ -2,7 +2,7 @@ import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { CompletionHub } from './completionHub.js';
-import type { Config } from './config.js';
+import { ConfigError, type Config } from './config.js';
 import type { Closeable, Engine } from './engine.js';
 import { startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
 import { createEngine } from './engines/index.js';
@@ -84,6 +84,10 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
 
 /** `worker`: only the worker pool, to scale out. */
 export async function startWorker(config: Config, logger: Logger): Promise<App> {
+  if (!config.DATABASE_URL) {
+    // the embedded database belongs to `serve`; workers join a database others can reach
+    throw new ConfigError('DATABASE_URL is required by `worker` (point it at the database `serve` uses)');
+  }
   const { engine, embedded } = await openDatabase(config, logger);
   const activator = await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') });
   logger.info({ kind: engine.kind }, 'asyncproc worker running');

@@ -42,6 +42,17 @@ describe('configuration from the environment', () => {
     assert.equal(loadConfig({ ASYNCPROC_EMBEDDED: 'false', DATABASE_URL: 'postgres://h/db' }).ASYNCPROC_EMBEDDED, false);
   });
 
+  it('`worker` needs DATABASE_URL', () => {
+    const result = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
+      cwd: fileURLToPath(new URL('..', import.meta.url)),
+      env: { ...process.env, DATABASE_URL: '' },
+      encoding: 'utf8',
+      timeout: 30_000,
+    });
+    assert.equal(result.status, 1);
+    assert.match(result.stderr, /DATABASE_URL is required by `worker`/);
+  });
+
   it('a bad value stops the service with that message', () => {
     const result = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
       cwd: fileURLToPath(new URL('..', import.meta.url)),
