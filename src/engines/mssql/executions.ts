@@ -111,25 +111,23 @@ function where(req: sql.Request, filter: ExecutionFilter): string[] {
 const clause = (conditions: string[]) => (conditions.length ? `WHERE ${conditions.join(' AND ')}` : '');
 
 export async function getExecutions(db: Queryable, tokens: readonly string[]): Promise<Execution[]> {
-  if (!tokens.length) return [];
   const bad = tokens.find((t) => !isToken(t));
   if (bad !== undefined) throw new EngineError('BAD_USER_INPUT', `malformed token "${bad}"`);
-  const req = request(db);
-  req.input('tokens', sql.NVarChar(sql.MAX), JSON.stringify(tokens));
-  const result = await req.query<ExecutionRow>(
-    `SELECT ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e
-      WHERE e.token IN (SELECT CONVERT(uniqueidentifier, [value]) FROM OPENJSON(@tokens))`,
-  );
-  return result.recordset.map(toExecution);
+  return selectWhereIn(db, 'token', 'uniqueidentifier', tokens);
 }
 
-export async function getExecutionsById(db: Queryable, ids: readonly string[]): Promise<Execution[]> {
-  if (!ids.length) return [];
+export function getExecutionsById(db: Queryable, ids: readonly string[]): Promise<Execution[]> {
+  return selectWhereIn(db, 'id', 'bigint', ids);
+}
+
+/** Rows whose key is one of `values`, passed as one JSON parameter (no list spliced into the text). */
+async function selectWhereIn(db: Queryable, column: 'token' | 'id', type: 'uniqueidentifier' | 'bigint', values: readonly string[]): Promise<Execution[]> {
+  if (!values.length) return [];
   const req = request(db);
-  req.input('ids', sql.NVarChar(sql.MAX), JSON.stringify(ids));
+  req.input('keys', sql.NVarChar(sql.MAX), JSON.stringify(values));
   const result = await req.query<ExecutionRow>(
     `SELECT ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e
-      WHERE e.id IN (SELECT CONVERT(bigint, [value]) FROM OPENJSON(@ids))`,
+      WHERE e.${column} IN (SELECT CONVERT(${type}, [value]) FROM OPENJSON(@keys))`,
   );
   return result.recordset.map(toExecution);
 }

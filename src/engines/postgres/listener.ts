@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { Closeable, ExecutionEvent, ExecutionStatus, ListenerSink } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { getExecutionsByIds } from './executions.js';
+import { getExecutionsByIds, latestCursor } from './executions.js';
 
 export interface PostgresListenerOptions {
   connectionString: string;
@@ -65,8 +65,7 @@ export class PostgresListener implements Closeable {
   }
 
   async start(): Promise<void> {
-    const { rows } = await this.options.pool.query<{ seq: string | null }>('select max(seq)::text as seq from asyncproc.executions');
-    this.highWater = this.floor = BigInt(rows[0].seq ?? '0');
+    this.highWater = this.floor = BigInt((await latestCursor(this.options.pool)) ?? '0');
     await this.connect(false);
     this.poller = setInterval(() => void this.poll(), this.options.pollMs ?? 1000);
   }
