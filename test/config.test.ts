@@ -4,6 +4,16 @@ import { fileURLToPath } from 'node:url';
 import { describe, it } from 'node:test';
 import { ConfigError, loadConfig } from '../src/config.js';
 
+/** Run the CLI to completion with extra environment (it must fail fast here). */
+function runCli(command: string, env: Record<string, string>) {
+  return spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', command], {
+    cwd: fileURLToPath(new URL('..', import.meta.url)),
+    env: { ...process.env, ...env },
+    encoding: 'utf8',
+    timeout: 30_000,
+  });
+}
+
 describe('configuration from the environment', () => {
   it('has defaults for everything', () => {
     const config = loadConfig({});
@@ -43,23 +53,13 @@ describe('configuration from the environment', () => {
   });
 
   it('`worker` needs DATABASE_URL', () => {
-    const result = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
-      cwd: fileURLToPath(new URL('..', import.meta.url)),
-      env: { ...process.env, DATABASE_URL: '' },
-      encoding: 'utf8',
-      timeout: 30_000,
-    });
+    const result = runCli('worker', { DATABASE_URL: '' });
     assert.equal(result.status, 1);
     assert.match(result.stderr, /DATABASE_URL is required by `worker`/);
   });
 
   it('a bad value stops the service with that message', () => {
-    const result = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
-      cwd: fileURLToPath(new URL('..', import.meta.url)),
-      env: { ...process.env, PORT: 'eighty' },
-      encoding: 'utf8',
-      timeout: 30_000,
-    });
+    const result = runCli('serve', { PORT: 'eighty' });
     assert.equal(result.status, 1);
     assert.match(result.stderr, /PORT="eighty"/);
   });
