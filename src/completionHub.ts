@@ -3,6 +3,7 @@ import {
   EngineError,
   isTerminal,
   toError,
+  type Batch,
   type Engine,
   type Execution,
   type ExecutionEvent,
@@ -98,33 +99,101 @@ export class CompletionHub implements ListenerSink {
   async completed(token: string): Promise<AsyncIterableIterator<Execution>> {
     const first = await this.engine.getExecution(token);
     if (!first) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
-    return new Repeater<Execution>(async (push, stop) => {
+    return this.once({
+      executionIds: [first.id],
+      first,
+      read: () => this.engine.getExecution(token),
+      ended: (execution) => isTerminal(execution.status),
+      // the listener loaded the row: no need to read it again
+      onChange: (execution) => execution,
+    });
+  }
+
+  /**
+   * The batch once it has ended: one value, then the stream ends — also when it ended
+   * before the subscription began. A batch ends in the transaction that ends its last
+   * execution, so the batch is read again whenever one of its executions ends.
+   */
+  async batchCompleted(id: string): Promise<AsyncIterableIterator<Batch>> {
+    const first = await this.engine.getBatch(id);
+    if (!first) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
+    return this.once({
+      executionIds: (await this.engine.getBatchExecutions(id)).map((execution) => execution.id),
+      first,
+      read: () => this.engine.getBatch(id),
+      ended: (batch) => batch.status !== 'RUNNING',
+      onChange: (execution) => (isTerminal(execution.status) ? 'read' : null),
+    });
+  }
+
+  /**
+   * One value once `ended` holds, then the stream ends. `first` was read before the
+   * watch began, so the table is read once more after it (the end may fall between),
+   * again on each change `onChange` asks for, and again after a listener reconnect.
+   */
+  private once<T>(options: {
+    executionIds: readonly string[];
+    first: T;
+    read: () => Promise<T | null>;
+    ended: (value: T) => boolean;
+    /** A change of a watched execution: the new value itself, 'read' to read the table, or null to ignore it. */
+    onChange: (execution: Execution) => T | 'read' | null;
+  }): AsyncIterableIterator<T> {
+    const { read, ended, onChange } = options;
+    return new Repeater<T>(async (push, stop) => {
       let finished = false;
-      const finish = (execution: Execution) => {
-        if (finished || !isTerminal(execution.status)) return;
+      const finish = (value: T | null) => {
+        if (finished || value === null || !ended(value)) return;
         finished = true;
-        void push(execution).then(() => stop());
+        void push(value).then(() => stop());
       };
-      const recheck = () =>
-        this.engine.getExecution(token).then(
-          (row) => row && finish(row),
-          (error) => this.logger.warn({ err: toError(error), token }, 'could not re-read execution'),
-        );
-      // null: the listener reconnected, read the table again
-      const watch = (execution: Execution | null) => (execution ? finish(execution) : void recheck());
-      let set = this.watchers.get(first.id);
-      if (!set) this.watchers.set(first.id, (set = new Set()));
-      set.add(watch);
+      let reading: Promise<void> | null = null;
+      let again = false;
+      const recheck = (): Promise<void> => {
+        if (reading) {
+          again = true;
+          return reading;
+        }
+        const readUntilQuiet = async () => {
+          do {
+            again = false;
+            finish(await read());
+          } while (again && !finished);
+        };
+        return (reading = readUntilQuiet()
+          .catch((error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'))
+          .finally(() => (reading = null)));
+      };
+      const unwatch = this.watch(options.executionIds, (execution) => {
+        // null: the listener reconnected, read the table again
+        const change = execution ? onChange(execution) : 'read';
+        if (change === 'read') void recheck();
+        else finish(change);
+      });
       try {
-        finish(first);
-        // it may have finished between the first read and the registration
+        finish(options.first);
         if (!finished) await recheck();
         await stop;
       } finally {
-        set.delete(watch);
-        if (!set.size) this.watchers.delete(first.id);
+        unwatch();
       }
     });
+  }
+
+  /** Call `watcher` with each change of these executions (null: re-read, the listener reconnected). */
+  private watch(executionIds: readonly string[], watcher: (execution: Execution | null) => void): () => void {
+    for (const id of executionIds) {
+      let set = this.watchers.get(id);
+      if (!set) this.watchers.set(id, (set = new Set()));
+      set.add(watcher);
+    }
+    return () => {
+      for (const id of executionIds) {
+        const set = this.watchers.get(id);
+        set?.delete(watcher);
+        if (set && !set.size) this.watchers.delete(id);
+      }
+    };
   }
 
   /**

@@ -9,6 +9,13 @@ export const EXECUTION_STATUSES = ['WAITING', 'PENDING', 'RUNNING', 'SUCCEEDED',
 export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
 export const TERMINAL_STATUSES: ReadonlySet<ExecutionStatus> = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 
+const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
+
+/** Tokens and batch ids are UUIDs. */
+export function isUuid(text: string): boolean {
+  return UUID.test(text);
+}
+
 export function isTerminal(status: ExecutionStatus): boolean {
   return TERMINAL_STATUSES.has(status);
 }
@@ -69,6 +76,62 @@ export interface Execution {
   sessionId: number | null;
   /** Change cursor of the row's latest status change (sequence value / rowversion as text). */
   cursor: string;
+  /** The batch it belongs to (null: submitted on its own). */
+  batchId: string | null;
+  /** Its stage in that batch, 1-based (null outside a batch). */
+  stage: number | null;
+}
+
+export const BATCH_STATUSES = ['RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
+/** RUNNING until every execution has ended; then FAILED if any failed, else CANCELLED if any was cancelled, else SUCCEEDED. */
+export type BatchStatus = (typeof BATCH_STATUSES)[number];
+
+/** CANCEL: the first execution that ends other than SUCCEEDED cancels every one not yet started. CONTINUE: later stages run anyway. */
+export type BatchFailurePolicy = 'CANCEL' | 'CONTINUE';
+
+/** Counts of one stage's executions by status. */
+export interface BatchStage {
+  /** 1-based. */
+  stage: number;
+  total: number;
+  waiting: number;
+  pending: number;
+  running: number;
+  succeeded: number;
+  failed: number;
+  cancelled: number;
+}
+
+/** Executions grouped in ordered stages: stage n+1 is released when every execution of stage n has ended. */
+export interface Batch {
+  id: string;
+  status: BatchStatus;
+  onFailure: BatchFailurePolicy;
+  /** The stage released last (1 … stageCount). */
+  currentStage: number;
+  stageCount: number;
+  submittedAt: Date;
+  finishedAt: Date | null;
+  submittedBy: string | null;
+  stages: BatchStage[];
+}
+
+export interface SubmitBatchOptions {
+  onFailure?: BatchFailurePolicy | null;
+  submittedBy?: string | null;
+}
+
+/** An execution that is RUNNING now, with how long it has run by the database's clock. */
+export interface RunningExecution {
+  execution: Execution;
+  elapsedMs: number;
+}
+
+/** How many executions of a queue ended, by outcome, within a recent window. */
+export interface OutcomeCounts {
+  succeeded: number;
+  failed: number;
+  cancelled: number;
 }
 
 export type ParameterMode = 'IN' | 'OUT' | 'INOUT';
@@ -102,6 +165,9 @@ export interface QueueInfo {
   waiting: number;
   pending: number;
   running: number;
+  /** Executions that ended within the last `recentSeconds`, by outcome. */
+  recent: OutcomeCounts;
+  recentSeconds: number;
 }
 
 /** One attempt of an execution, as the execution log records it. */
@@ -223,9 +289,22 @@ export interface Engine<Tx = unknown> {
   latestCursor(): Promise<string | null>;
   listProcedures(): Promise<Procedure[]>;
   registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;
-  listQueues(): Promise<QueueInfo[]>;
+  /** Every queue with its counts; `recent` covers executions that ended within the last `recentSeconds` (default 3600). */
+  listQueues(recentSeconds?: number): Promise<QueueInfo[]>;
   /** Create a named queue or change its concurrency limit (1–1000); BAD_USER_INPUT for a bad name or limit. */
   configureQueue(name: string, concurrency: number): Promise<QueueInfo>;
+  /** Executions RUNNING now (optionally of one queue), longest-running first, with elapsed time by the database clock. */
+  listRunning(queue: string | null, limit: number): Promise<RunningExecution[]>;
+  /**
+   * Submit a batch in one new transaction, all or none: `stages[0]` is released at once,
+   * each later stage when every execution of the one before has ended (released by
+   * whoever records that last outcome, in the same transaction). Errors as for invoke;
+   * BAD_USER_INPUT for no stages or an empty stage.
+   */
+  submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch>;
+  getBatch(id: string): Promise<Batch | null>;
+  /** The batch's executions, by stage then submission order. */
+  getBatchExecutions(id: string): Promise<Execution[]>;
   /**
    * Cancel an execution. WAITING/PENDING: CANCELLED, it never starts. RUNNING: the database
    * is asked to cancel the running statement (where the service has that right; else

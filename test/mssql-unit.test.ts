@@ -12,9 +12,11 @@ import { EngineError, type Execution, type ExecutionStatus } from '../src/engine
 import { splitBatches } from '../src/engines/mssql/batches.js';
 import { runCancel, type CancelRequestStatus, type CancelSteps } from '../src/engines/mssql/cancel.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
+import { checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
+import { listRunning, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
 import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
 import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
-import { checkQueueSettings, configureQueue } from '../src/engines/mssql/procedures.js';
+import { checkQueueSettings, checkRecentSeconds, configureQueue, toQueueInfo } from '../src/engines/mssql/procedures.js';
 import {
   cursorFromRowversion,
   decodeResult,
@@ -519,6 +521,8 @@ describe('mssql: cancelExecution', () => {
     worker: null,
     sessionId: 60,
     cursor: '0x0000000000000001',
+    batchId: null,
+    stage: null,
   });
 
   /** Fake steps: `requests` answers usp_AsyncExecCancel in turn, `statuses` the reads in turn (the last repeats). */
@@ -623,5 +627,287 @@ describe('mssql: cancelExecution', () => {
     const begin = settle.indexOf('BEGIN TRANSACTION');
     assert.ok(begin > 0 && settle.indexOf('BEGIN CONVERSATION TIMER', begin) < settle.indexOf('sp_getapplock', begin));
     assert.ok(settle.indexOf('UPDATE asyncexec.AsyncExecAttempts') > settle.indexOf("SET status = 'CANCELLED'"), 'the killed attempt is logged LOST');
+  });
+});
+
+describe('mssql: batches (T-SQL)', () => {
+  /** A script with only its comments blanked (same length as the text: offsets hold). */
+  const withoutComments = (text: string) =>
+    text.replace(/\/\*[\s\S]*?\*\//g, (m) => m.replace(/[^\n]/g, ' ')).replace(/--[^\n]*/g, (m) => ' '.repeat(m.length));
+  /** Each CREATE PROCEDURE of every script by name: `code` has comments and strings blanked, `sql` comments only. */
+  async function procedures(): Promise<Map<string, { file: string; code: string; sql: string; text: string }>> {
+    const found = new Map<string, { file: string; code: string; sql: string; text: string }>();
+    for (const { file, text } of await scripts()) {
+      for (const batch of splitBatches(text)) {
+        const name = /^\s*CREATE\s+PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
+        if (name) found.set(name, { file, code: codeOnly(batch.text), sql: withoutComments(batch.text), text: batch.text });
+      }
+    }
+    return found;
+  }
+  const BATCH_LOCK = 'FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)';
+  const SETTLE = 'EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;';
+  /** Offsets of the UPDATEs of AsyncExecResults whose SET list assigns status. */
+  const statusUpdates = (code: string) =>
+    [...code.matchAll(/UPDATE asyncexec\.AsyncExecResults\s+SET\b([\s\S]*?)(?:\bOUTPUT\b|\bWHERE\b)/g)]
+      .filter((m) => /(^|[\s,])status\s*=/.test(m[1]))
+      .map((m) => m.index!);
+
+  it('numbers the migrations 0001, 0002, … without gaps, as the migrator records them', async () => {
+    const numbers = (await readdir(MSSQL_SQL_DIR)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).map((f) => Number(f.slice(0, 4))).sort((a, b) => a - b);
+    assert.deepEqual(numbers, numbers.map((_, i) => i + 1));
+    assert.ok(numbers.includes(7), '0007_batches.sql');
+  });
+
+  it('executes only procedures that some script creates', async () => {
+    const all = await procedures();
+    for (const [name, { code }] of all) {
+      for (const match of code.matchAll(/\bEXEC\s+(?:@\w+\s*=\s*)?asyncexec\.(\w+)/gi)) {
+        assert.ok(all.has(match[1]), `${name} executes asyncexec.${match[1]}, which no script creates`);
+      }
+    }
+  });
+
+  it('settles the batch in every transaction that ends a member, locking the batch before the member', async () => {
+    const all = await procedures();
+    const changing = [...all].filter(([, { code }]) => statusUpdates(code).length > 0).map(([name]) => name).sort();
+    // a new path that changes a call's status must be added here, and settle its batch
+    assert.deepEqual(changing, [
+      'usp_AsyncExecAbandon',
+      'usp_AsyncExecActivated',
+      'usp_AsyncExecBatchSettle',
+      'usp_AsyncExecCancel',
+      'usp_AsyncExecRun',
+      'usp_AsyncExecSettleCancel',
+    ]);
+    for (const name of changing.filter((n) => n !== 'usp_AsyncExecBatchSettle')) {
+      const { code } = all.get(name)!;
+      assert.match(code, /@batchId = e?\.?batch_id|@batchId = batch_id/, `${name} reads the call's batch`);
+      const updates = statusUpdates(code);
+      updates.forEach((at, i) => {
+        const previous = i === 0 ? 0 : updates[i - 1];
+        const next = updates[i + 1] ?? code.length;
+        const lock = code.lastIndexOf(BATCH_LOCK, at);
+        assert.ok(lock > previous, `${name}: the batch is locked before status update ${i + 1}`);
+        const settle = code.indexOf(SETTLE, at);
+        assert.ok(settle > at && settle < next, `${name}: status update ${i + 1} is followed by the settle`);
+        assert.ok(settle < code.indexOf('COMMIT TRANSACTION', at), `${name}: settled before the commit`);
+      });
+    }
+    // the run settles only an outcome (not a retry's WAITING), after a doomed call too
+    const run = all.get('usp_AsyncExecRun')!.sql;
+    assert.match(run, /IF @batchId IS NOT NULL AND @status <> 'WAITING'\s+EXEC asyncexec\.usp_AsyncExecBatchSettle/);
+    assert.ok(run.indexOf(BATCH_LOCK) > run.indexOf('IF @@TRANCOUNT = 0'), 'the batch lock is taken in the fresh transaction too');
+    assert.ok(run.indexOf(BATCH_LOCK) < run.indexOf('WITH (UPDLOCK, ROWLOCK) WHERE id = @id'), 'before the member row');
+    // the reader settles what it ends: lost five times, cancelled after a kill, dialog ended
+    const claim = all.get('usp_AsyncExecActivated')!.sql;
+    assert.match(claim, /IF @batchId IS NOT NULL AND @newStatus IN \('FAILED', 'CANCELLED'\)\s+EXEC asyncexec\.usp_AsyncExecBatchSettle/);
+    assert.match(claim, /@batchId = NULL;/, 'reset for every message');
+  });
+
+  it('runs the settle with the SET options of the activated procedures, inside its caller’s transaction', async () => {
+    const { file, text, code } = (await procedures()).get('usp_AsyncExecBatchSettle')!;
+    assert.equal(file, '0007_batches.sql');
+    for (const option of ['XACT_ABORT OFF', 'ANSI_WARNINGS ON', 'ANSI_PADDING ON', 'ARITHABORT ON', 'CONCAT_NULL_YIELDS_NULL ON', 'NUMERIC_ROUNDABORT OFF']) {
+      assert.match(text, new RegExp(`SET ${option};`), `SET ${option}`);
+    }
+    assert.doesNotMatch(code, /\b(BEGIN|COMMIT)\s+TRAN/i, 'never a transaction of its own');
+    assert.match(code, /IF @@TRANCOUNT = 0\s+BEGIN\s+SET @message = [^;]+;\s+THROW 50022/);
+  });
+
+  it('serialises settles on the batch row and counts committed members only', async () => {
+    const { sql: code } = (await procedures()).get('usp_AsyncExecBatchSettle')!;
+    const lock = code.indexOf(BATCH_LOCK);
+    assert.ok(lock > 0, 'UPDLOCK, HOLDLOCK on the batch row');
+    assert.ok(lock < code.indexOf('asyncexec.AsyncExecResults'), 'before any member is read');
+    assert.match(code.slice(lock, code.indexOf('WHILE 1 = 1')), /IF @status IS NULL OR @status <> 'RUNNING'\s+RETURN;/);
+    // every read of the members (not the UPDATEs, which take update locks anyway) is a locking read
+    const reads = [...code.matchAll(/FROM asyncexec\.AsyncExecResults(?: AS e)?( WITH \(\w+\))?/g)];
+    assert.ok(reads.length >= 5);
+    for (const read of reads) assert.equal(read[1], ' WITH (READCOMMITTEDLOCK)', `locking read at ${read.index}`);
+  });
+
+  it('cancels what has not started under CANCEL, as usp_AsyncExecCancel does, and ends the batch', async () => {
+    const { sql: code, text } = (await procedures()).get('usp_AsyncExecBatchSettle')!;
+    assert.match(code, /IF @onFailure = 'CANCEL'\s+AND EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecResults WITH \(READCOMMITTEDLOCK\)\s+WHERE batch_id = @batchId AND status IN \('FAILED', 'CANCELLED'\)\)/);
+    assert.match(code, /SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1,/);
+    assert.match(text, /error_message = N'cancelled: an execution of its batch did not succeed'/);
+    assert.match(code, /WHERE batch_id = @batchId AND status IN \('WAITING', 'PENDING'\);/, 'RUNNING members run to their end');
+    // the wake-up request, only on an open initiator side, and a failed SEND does not undo the cancel
+    assert.match(code, /IF @state IN \('SO', 'CO'\)[\s\S]*?SAVE TRANSACTION usp_AsyncExecBatchSettle;\s+BEGIN TRY\s+SEND ON CONVERSATION @h MESSAGE TYPE \[asyncexec\/Request\]/);
+    assert.ok('usp_AsyncExecBatchSettle'.length <= 32, 'savepoint names are at most 32 characters');
+    // final status: FAILED before CANCELLED before SUCCEEDED
+    assert.match(code, /status = 'FAILED'\) THEN 'FAILED'[\s\S]*?status = 'CANCELLED'\) THEN 'CANCELLED'\s+ELSE 'SUCCEEDED' END;/);
+    assert.match(code, /SET status = @final, finished_at = SYSUTCDATETIME\(\)\s+WHERE id = @batchId AND status = 'RUNNING';/);
+  });
+
+  it('releases the next stage only when every released member has ended, enqueuing held calls as invoke does', async () => {
+    const { sql: code } = (await procedures()).get('usp_AsyncExecBatchSettle')!;
+    const open = code.indexOf("stage <= @currentStage AND status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED'))");
+    const last = code.indexOf('IF @currentStage >= @stageCount');
+    const next = code.indexOf('SET @currentStage += 1;');
+    assert.ok(open > 0 && last > open && next > last, 'stage complete, then the last stage, then the next one');
+    assert.match(code.slice(next), /^SET @currentStage \+= 1;\s+UPDATE asyncexec\.AsyncExecBatches SET current_stage = @currentStage WHERE id = @batchId;/);
+    const release = code.slice(next);
+    assert.match(release, /e\.stage = @currentStage AND e\.held = 1 AND e\.status = 'WAITING'/);
+    const dialog = release.indexOf('BEGIN DIALOG CONVERSATION @h');
+    assert.ok(dialog > 0 && release.indexOf('SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request]', dialog) > dialog);
+    assert.match(release, /SET held = 0, initiator_handle = @h,\s+status = CASE WHEN run_at > @now THEN 'WAITING' ELSE 'PENDING' END/);
+    // one call that cannot be enqueued fails alone (50013) instead of undoing the outcome that released it
+    assert.match(release, /ROLLBACK TRANSACTION usp_AsyncExecBatchSettle;\s+UPDATE asyncexec\.AsyncExecResults\s+SET held = 0, status = 'FAILED'/);
+    assert.match(release, /error_number = 50013/);
+  });
+
+  it('holds the calls of later stages in usp_AsyncExecInvoke: no dialog, no message', async () => {
+    const { sql: code } = (await procedures()).get('usp_AsyncExecInvoke')!;
+    const check = code.indexOf(BATCH_LOCK);
+    assert.ok(check > 0 && check < code.indexOf('BEGIN TRY'), 'the batch is checked (and locked) before any write');
+    assert.ok(code.lastIndexOf('IF @@TRANCOUNT = 0', check) > code.indexOf('IF @batchId IS NOT NULL OR @stage IS NOT NULL'), 'only inside a transaction, which keeps the lock');
+    assert.match(code, /THROW 50005, @message, 1;\s+END;\s+SET @held = CASE WHEN @stage > @currentStage THEN 1 ELSE 0 END;/);
+    assert.match(code, /IF @held = 0\s+BEGIN\s+BEGIN DIALOG CONVERSATION @h/);
+    assert.match(code, /IF @held = 0\s+BEGIN\s+SET @body = [^;]+;\s+SEND ON CONVERSATION @h/);
+    assert.match(code, /@batchId, @stage, @held\);/);
+  });
+
+  it('purges members of finished batches only, then the batches left empty', async () => {
+    const { sql: code } = (await procedures()).get('usp_AsyncExecPurge')!;
+    assert.match(code, /NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecBatches AS b WHERE b\.id = e\.batch_id AND b\.status = 'RUNNING'\)/);
+    const executions = code.indexOf('DELETE TOP (@batchSize) e');
+    const batches = code.indexOf('DELETE TOP (@batchSize) b');
+    assert.ok(executions > 0 && batches > executions);
+    assert.match(code.slice(batches), /b\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\)\s+AND NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecResults AS e WHERE e\.batch_id = b\.id\)/);
+  });
+});
+
+describe('mssql: batches (TypeScript)', () => {
+  const badInput = (pattern: RegExp) => (error: unknown) => error instanceof EngineError && error.code === 'BAD_USER_INPUT' && pattern.test(error.message);
+  const call = (tag: string) => ({ procedure: 'demo.record', arguments: { tag } });
+
+  it('refuses no stages, an empty stage and a bad policy before anything is written', async () => {
+    assert.throws(() => checkBatch([]), badInput(/at least one stage/));
+    assert.throws(() => checkBatch([[call('a')], []]), badInput(/stage 2/));
+    assert.throws(() => checkBatch([[call('a')]], { onFailure: 'STOP' as never }), badInput(/CANCEL or CONTINUE/));
+    assert.throws(() => checkBatch([[call('a')]], { submittedBy: 'x'.repeat(257) }), badInput(/submittedBy/));
+    assert.deepEqual(checkBatch([[call('a')]]), { onFailure: 'CANCEL', submittedBy: null });
+    assert.deepEqual(checkBatch([[call('a')]], { onFailure: 'CONTINUE', submittedBy: 'me' }), { onFailure: 'CONTINUE', submittedBy: 'me' });
+    // the transaction is never asked for anything
+    const tx = new Proxy({}, { get: () => assert.fail('no request expected') }) as unknown as sql.Transaction;
+    await assert.rejects(submitBatch(tx, [[]]), badInput(/stage 1/));
+  });
+
+  it('creates the batch, then invokes every call with its batch and 1-based stage, in order', async () => {
+    const calls: Array<{ procedure: string; params: Record<string, unknown> }> = [];
+    const original = sql.Request.prototype.execute;
+    sql.Request.prototype.execute = async function (this: sql.Request, procedure: string) {
+      const params = Object.fromEntries(
+        Object.entries(this.parameters as Record<string, { value: unknown }>).map(([name, p]) => [name, p.value]),
+      );
+      calls.push({ procedure, params });
+      return procedure === 'asyncexec.usp_AsyncExecBatchCreate'
+        ? { output: { batchId: 'ABCDEF01-2345-6789-ABCD-EF0123456789' } }
+        : { output: { id: String(calls.length), token: null } };
+    } as unknown as typeof original;
+    try {
+      const id = await submitBatch({} as sql.Transaction, [[call('a'), call('b')], [{ ...call('c'), submittedBy: 'own' }]], {
+        onFailure: 'CONTINUE',
+        submittedBy: 'batcher',
+      });
+      assert.equal(id, 'abcdef01-2345-6789-abcd-ef0123456789');
+      assert.deepEqual(
+        calls.map((c) => [c.procedure, c.params.stageCount ?? c.params.stage, c.params.onFailure ?? c.params.batchId, c.params.submittedBy]),
+        [
+          ['asyncexec.usp_AsyncExecBatchCreate', 2, 'CONTINUE', 'batcher'],
+          ['asyncexec.usp_AsyncExecInvoke', 1, id, 'batcher'],
+          ['asyncexec.usp_AsyncExecInvoke', 1, id, 'batcher'],
+          ['asyncexec.usp_AsyncExecInvoke', 2, id, 'own'],
+        ],
+      );
+    } finally {
+      sql.Request.prototype.execute = original;
+    }
+  });
+
+  const row = (over: Partial<BatchRow>): BatchRow => ({
+    id: 'ABCDEF01-2345-6789-ABCD-EF0123456789',
+    status: 'RUNNING',
+    on_failure: 'CANCEL',
+    current_stage: 2,
+    stage_count: 3,
+    submitted_at: new Date('2024-03-01T12:00:00Z'),
+    finished_at: null,
+    submitted_by: 'me',
+    stage: null,
+    total: null,
+    waiting: null,
+    pending: null,
+    running: null,
+    succeeded: null,
+    failed: null,
+    cancelled: null,
+    ...over,
+  });
+
+  it('maps a batch with a count for every stage, zero where no member is left', () => {
+    const batch = toBatch([
+      row({ stage: 1, total: 2, succeeded: 2, waiting: 0, pending: 0, running: 0, failed: 0, cancelled: 0 }),
+      row({ stage: 2, total: 3, running: 1, pending: 1, waiting: 1, succeeded: 0, failed: 0, cancelled: 0 }),
+    ])!;
+    assert.equal(batch.id, 'abcdef01-2345-6789-abcd-ef0123456789');
+    assert.equal(batch.onFailure, 'CANCEL');
+    assert.equal(batch.currentStage, 2);
+    assert.equal(batch.stageCount, 3);
+    assert.deepEqual(batch.stages, [
+      { stage: 1, total: 2, waiting: 0, pending: 0, running: 0, succeeded: 2, failed: 0, cancelled: 0 },
+      { stage: 2, total: 3, waiting: 1, pending: 1, running: 1, succeeded: 0, failed: 0, cancelled: 0 },
+      { stage: 3, total: 0, waiting: 0, pending: 0, running: 0, succeeded: 0, failed: 0, cancelled: 0 },
+    ]);
+    // all members purged: the OUTER APPLY gives one row without a stage
+    assert.equal(toBatch([row({ status: 'SUCCEEDED', finished_at: new Date() })])!.stages.every((s) => s.total === 0), true);
+    assert.equal(toBatch([]), null);
+  });
+
+  it('maps batch and stage of an execution, null outside a batch', () => {
+    const base = {
+      id: '5', token: 'AAAAAAAA-0000-0000-0000-000000000005', procedure: 'demo.noop', arguments: '{}', queue: 'default',
+      status: 'WAITING', submitted_at: new Date(0), run_at: null, started_at: null, finished_at: null, attempts: 0,
+      max_attempts: 1, submitted_by: null, error_number: null, error_severity: null, error_state: null, error_line: null,
+      error_message: null, result: null, session_id: null, worker: null, row_version: Buffer.alloc(8, 1),
+    } as const;
+    const member = toExecution({ ...base, batch_id: 'ABCDEF01-2345-6789-ABCD-EF0123456789', stage: 2 } as ExecutionRow);
+    assert.equal(member.batchId, 'abcdef01-2345-6789-abcd-ef0123456789');
+    assert.equal(member.stage, 2);
+    const alone = toExecution({ ...base, batch_id: null, stage: null } as ExecutionRow);
+    assert.equal(alone.batchId, null);
+    assert.equal(alone.stage, null);
+  });
+});
+
+describe('mssql: monitoring', () => {
+  it('reports recent outcomes by queue and echoes the window', () => {
+    const info = toQueueInfo(
+      { name: 'default', concurrency: 10, waiting: 1, pending: 2, running: 3, recent_succeeded: 4, recent_failed: 5, recent_cancelled: 6 },
+      3600,
+    );
+    assert.deepEqual(info, {
+      name: 'default', concurrency: 10, waiting: 1, pending: 2, running: 3,
+      recent: { succeeded: 4, failed: 5, cancelled: 6 }, recentSeconds: 3600,
+    });
+  });
+
+  it('takes a whole, non-negative window that DATEADD accepts', () => {
+    assert.equal(checkRecentSeconds(3600), 3600);
+    assert.equal(checkRecentSeconds(90.9), 90);
+    assert.equal(checkRecentSeconds(0), 0);
+    assert.equal(checkRecentSeconds(1e12), 2_147_483_647);
+    for (const bad of [-1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      assert.throws(() => checkRecentSeconds(bad), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT', String(bad));
+    }
+  });
+
+  it('refuses a bad limit for the running list before asking the server', async () => {
+    const pool = { request: () => assert.fail('no request expected') } as unknown as sql.ConnectionPool;
+    for (const bad of [-1, 1.5, Number.NaN]) {
+      await assert.rejects(listRunning(pool, null, bad), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT');
+    }
   });
 });

@@ -1,5 +1,5 @@
 import { createGraphQLError } from 'graphql-yoga';
-import { EngineError, type EngineErrorCode } from '../engine.js';
+import { EngineError, isUuid, type EngineErrorCode } from '../engine.js';
 
 /** An expected failure with its `extensions.code`. */
 export function userError(code: EngineErrorCode, message: string) {
@@ -20,9 +20,8 @@ export async function guard<T>(fn: () => Promise<T>): Promise<T> {
   }
 }
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
-export function checkToken(token: string): string {
-  if (!UUID.test(token)) throw userError('BAD_USER_INPUT', `malformed token "${token}": expected a UUID`);
+/** Tokens and batch ids are UUIDs: anything else is BAD_USER_INPUT before the database is asked. */
+export function checkToken(token: string, what = 'token'): string {
+  if (!isUuid(token)) throw userError('BAD_USER_INPUT', `malformed ${what} "${token}": expected a UUID`);
   return token.toLowerCase();
 }

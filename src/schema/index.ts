@@ -4,6 +4,7 @@ import './execution.js';
 import './procedure.js';
 import './invoke.js';
 import './subscription.js';
+import './batch.js';
 
 export type { Context, Limits } from './builder.js';
 

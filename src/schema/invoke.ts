@@ -3,7 +3,7 @@ import { builder, type Context } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
 
-const InvokeInput = builder.inputType('InvokeInput', {
+export const InvokeInput = builder.inputType('InvokeInput', {
   fields: (t) => ({
     procedure: t.string({ required: true, description: 'Registered name, e.g. `demo.add`.' }),
     arguments: t.field({ type: 'JSON', required: false, description: 'Arguments keyed by parameter name.' }),
@@ -13,7 +13,7 @@ const InvokeInput = builder.inputType('InvokeInput', {
   }),
 });
 
-type InvokeInputShape = {
+export type InvokeInputShape = {
   procedure: string;
   arguments?: unknown;
   queue?: string | null;
@@ -22,7 +22,7 @@ type InvokeInputShape = {
 };
 
 /** Edge checks that need no database: shape and size. */
-function toCall(input: InvokeInputShape, context: Context): InvokeCall {
+export function toCall(input: InvokeInputShape, context: Context): InvokeCall {
   const args = input.arguments ?? {};
   if (typeof args !== 'object' || args === null || Array.isArray(args)) {
     throw userError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
@@ -40,11 +40,16 @@ function toCall(input: InvokeInputShape, context: Context): InvokeCall {
   };
 }
 
-/** Submit every call in one transaction: all or none. */
-export async function submitAll(inputs: readonly InvokeInputShape[], context: Context): Promise<Execution[]> {
-  if (inputs.length > context.limits.maxCalls) {
+/** A request may carry at most `limits.maxCalls` calls. */
+export function checkCallCount(count: number, context: Context): void {
+  if (count > context.limits.maxCalls) {
     throw userError('PAYLOAD_TOO_LARGE', `at most ${context.limits.maxCalls} calls per request`);
   }
+}
+
+/** Submit every call in one transaction: all or none. */
+export async function submitAll(inputs: readonly InvokeInputShape[], context: Context): Promise<Execution[]> {
+  checkCallCount(inputs.length, context);
   const calls = inputs.map((input) => toCall(input, context));
   const { engine } = context;
   if (engine.submit) return guard(() => engine.submit!(calls));

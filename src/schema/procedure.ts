@@ -1,6 +1,6 @@
-import type { Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
+import type { OutcomeCounts, Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
 import { builder } from './builder.js';
-import { guard } from './errors.js';
+import { guard, userError } from './errors.js';
 
 const ParameterModeEnum = builder.enumType('ParameterMode', { values: ['IN', 'OUT', 'INOUT'] as const });
 
@@ -25,6 +25,15 @@ const ProcedureRef = builder.objectRef<Procedure>('Procedure').implement({
   }),
 });
 
+const OutcomeCountsRef = builder.objectRef<OutcomeCounts>('OutcomeCounts').implement({
+  description: 'Executions that ended, by outcome.',
+  fields: (t) => ({
+    succeeded: t.exposeInt('succeeded'),
+    failed: t.exposeInt('failed'),
+    cancelled: t.exposeInt('cancelled'),
+  }),
+});
+
 const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
   description: 'A named activation queue with its own concurrency limit.',
   fields: (t) => ({
@@ -33,6 +42,12 @@ const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
     waiting: t.exposeInt('waiting'),
     pending: t.exposeInt('pending'),
     running: t.exposeInt('running'),
+    recent: t.field({
+      type: OutcomeCountsRef,
+      description: 'Executions of this queue that ended within the last `recentSeconds`.',
+      resolve: (q) => q.recent,
+    }),
+    recentSeconds: t.exposeInt('recentSeconds'),
   }),
 });
 
@@ -58,5 +73,16 @@ builder.mutationFields((t) => ({
 
 builder.queryFields((t) => ({
   procedures: t.field({ type: [ProcedureRef], resolve: (_root, _args, { engine }) => engine.listProcedures() }),
-  queues: t.field({ type: [QueueRef], resolve: (_root, _args, { engine }) => engine.listQueues() }),
+  queues: t.field({
+    type: [QueueRef],
+    args: {
+      recentSeconds: t.arg.int({ required: false, defaultValue: 3600, description: 'Window of `Queue.recent`: 1 second to 7 days.' }),
+    },
+    resolve: (_root, { recentSeconds }, { engine }) =>
+      guard(async () => {
+        const window = recentSeconds ?? 3600;
+        if (window < 1 || window > 7 * 86_400) throw userError('BAD_USER_INPUT', 'recentSeconds must be between 1 and 604800');
+        return engine.listQueues(window);
+      }),
+  }),
 }));

@@ -2,9 +2,11 @@ import sql from 'mssql';
 import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
 
 /**
- * THROW numbers of our procedures (documented in sql/mssql/0004_invoke.sql, 0005_activated.sql and
- * docs/mssql.md): 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS, 50003 UNKNOWN_QUEUE,
- * 50005 BAD_USER_INPUT; usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED, 50008 FORBIDDEN.
+ * THROW numbers of our procedures (documented in sql/mssql/0004_invoke.sql, 0005_activated.sql,
+ * 0007_batches.sql and docs/mssql.md): 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS,
+ * 50003 UNKNOWN_QUEUE, 50005 BAD_USER_INPUT (also a bad batch or stage: usp_AsyncExecInvoke,
+ * usp_AsyncExecBatchCreate); usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED,
+ * 50008 FORBIDDEN. 50020–50022 are faults of the machinery and stay unmapped.
  */
 export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
   50001: 'UNKNOWN_PROCEDURE',

@@ -8,6 +8,7 @@ import {
   type ExecutionPage,
   type ExecutionStatus,
   type PageRequest,
+  type RunningExecution,
 } from '../../engine.js';
 import { cursorFromRowversion, decodeResult, isToken, rowversionFromCursor } from './types.js';
 
@@ -16,7 +17,7 @@ export type Queryable = sql.ConnectionPool | sql.Transaction;
 
 export const EXECUTION_COLUMNS = `e.id, e.token, e.[procedure], e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
   e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_severity,
-  e.error_state, e.error_line, e.error_message, e.result, e.session_id, e.worker, e.row_version`;
+  e.error_state, e.error_line, e.error_message, e.result, e.session_id, e.worker, e.row_version, e.batch_id, e.stage`;
 
 export interface ExecutionRow {
   id: string | number;
@@ -41,6 +42,9 @@ export interface ExecutionRow {
   session_id: number | null;
   worker: string | null;
   row_version: Buffer;
+  /** uniqueidentifier: the driver spells it in capitals. */
+  batch_id: string | null;
+  stage: number | null;
 }
 
 /** The error columns shared by AsyncExecResults and AsyncExecAttempts. */
@@ -83,6 +87,8 @@ export function toExecution(row: ExecutionRow): Execution {
     worker: row.worker,
     sessionId: row.session_id,
     cursor: cursorFromRowversion(row.row_version),
+    batchId: row.batch_id === null ? null : row.batch_id.toLowerCase(),
+    stage: row.stage,
   };
 }
 
@@ -212,4 +218,29 @@ export async function latestCursor(db: Queryable): Promise<string | null> {
     'SELECT CONVERT(binary(8), CONVERT(bigint, MIN_ACTIVE_ROWVERSION()) - 1) AS v',
   );
   return cursorFromRowversion(result.recordset[0].v);
+}
+
+/** How many rows a listing returns at most. */
+function listSize(limit: number): number {
+  if (!Number.isInteger(limit) || limit < 0) throw new EngineError('BAD_USER_INPUT', 'limit must be a non-negative integer');
+  return Math.min(limit, MAX_PAGE);
+}
+
+/**
+ * RUNNING executions (of one queue, or all), longest-running first. The elapsed time is
+ * the database's: started_at is set from SYSUTCDATETIME() by the claim, and so is "now" here.
+ */
+export async function listRunning(db: Queryable, queue: string | null, limit: number): Promise<RunningExecution[]> {
+  const take = listSize(limit);
+  const req = request(db);
+  req.input('take', sql.Int, take);
+  req.input('queue', sql.NVarChar(4000), queue ?? null);
+  const result = await req.query<ExecutionRow & { elapsed_ms: string | number | null }>(
+    `SELECT TOP (@take) ${EXECUTION_COLUMNS}, DATEDIFF_BIG(millisecond, e.started_at, SYSUTCDATETIME()) AS elapsed_ms
+       FROM asyncexec.AsyncExecResults AS e
+      WHERE e.status = 'RUNNING' AND (@queue IS NULL OR e.queue = @queue)
+      ORDER BY e.started_at, e.id`,
+  );
+  // bigint arrives as text from the driver
+  return result.recordset.map((row) => ({ execution: toExecution(row), elapsedMs: Math.max(0, Number(row.elapsed_ms ?? 0)) }));
 }

@@ -3,6 +3,7 @@ import {
   EngineError,
   type ActivatorOptions,
   type Attempt,
+  type Batch,
   type Closeable,
   type Engine,
   type Execution,
@@ -14,13 +15,16 @@ import {
   type PageRequest,
   type Procedure,
   type QueueInfo,
+  type RunningExecution,
+  type SubmitBatchOptions,
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
-import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
+import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
+import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions, listRunning } from './executions.js';
 import { isToken } from './types.js';
 import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
@@ -146,8 +150,32 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   registerProcedure(name: string, options?: MssqlRegisterOptions): Promise<Procedure> {
     return registerProcedure(this.pool, name, options);
   }
-  listQueues(): Promise<QueueInfo[]> {
-    return listQueues(this.pool);
+  /** Every queue with its counts; `recent` covers the last `recentSeconds` (default 3600). */
+  listQueues(recentSeconds?: number): Promise<QueueInfo[]> {
+    return listQueues(this.pool, recentSeconds);
+  }
+  /** RUNNING executions, longest-running first, with elapsed time by the server's clock. */
+  listRunning(queue: string | null, limit: number): Promise<RunningExecution[]> {
+    return listRunning(this.pool, queue, limit);
+  }
+  /**
+   * One transaction, all or none: the batch row, stage 1 enqueued, later stages held; the
+   * database releases each stage when the one before has ended (usp_AsyncExecBatchSettle).
+   */
+  async submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch> {
+    checkBatch(stages, options); // refused before a transaction is even opened
+    return this.withTransaction(async (tx) => {
+      const id = await submitBatch(tx, stages, options);
+      const batch = await getBatch(tx, id);
+      if (!batch) throw new Error(`batch ${id} was submitted but cannot be read back`);
+      return batch;
+    });
+  }
+  getBatch(id: string): Promise<Batch | null> {
+    return getBatch(this.pool, id);
+  }
+  getBatchExecutions(id: string): Promise<Execution[]> {
+    return getBatchExecutions(this.pool, id);
   }
   /** Create a queue or change its concurrency (MAX_QUEUE_READERS). */
   createQueue(name: string, concurrency?: number): Promise<void> {
@@ -170,7 +198,7 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return getHistory(this.pool, executionIds);
   }
 
-  /** Delete finished history older than `olderThanMs`; returns how many executions went. */
+  /** Delete finished history (and finished batches left without executions) older than `olderThanMs`; returns how many executions went. */
   async purge(olderThanMs: number): Promise<number> {
     const result = await this.pool
       .request()

@@ -4,12 +4,20 @@ import { mapDatabaseError } from './errors.js';
 import { getExecutionsById } from './executions.js';
 import { encodeArguments } from './types.js';
 
+/** Where a call goes in a batch (usp_AsyncExecBatchCreate made the batch in the same transaction). */
+export interface BatchPlacement {
+  batchId: string;
+  /** 1-based. */
+  stage: number;
+}
+
 /**
- * Enqueue a call inside the caller's open transaction through usp_AsyncExecInvoke,
- * which takes a savepoint there (or its own transaction when none is open), and read
- * the new row back on the same transaction. Refusals arrive as EngineErrors.
+ * Enqueue a call inside the caller's open transaction through usp_AsyncExecInvoke, which
+ * takes a savepoint there (or its own transaction when none is open); returns its id.
+ * Refusals arrive as EngineErrors. In a batch, a call of a stage not yet released is held
+ * (WAITING, no message) by the procedure itself.
  */
-export async function invoke(tx: sql.Transaction, call: InvokeCall): Promise<Execution> {
+export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?: BatchPlacement): Promise<string> {
   // The procedure's parameters are sized; a longer value would be cut by SQL Server,
   // and trailing blanks compare equal in T-SQL: refuse both before the database sees them.
   if (typeof call.procedure !== 'string' || call.procedure.length > 261 || call.procedure !== call.procedure.trim()) {
@@ -30,15 +38,21 @@ export async function invoke(tx: sql.Transaction, call: InvokeCall): Promise<Exe
   request.input('runAt', sql.DateTime2(3), call.runAt ?? null);
   request.input('maxAttempts', sql.Int, call.maxAttempts ?? null);
   request.input('submittedBy', sql.NVarChar(256), call.submittedBy ?? null);
+  request.input('batchId', sql.UniqueIdentifier, placement?.batchId ?? null);
+  request.input('stage', sql.Int, placement?.stage ?? null);
   request.output('token', sql.UniqueIdentifier);
   request.output('id', sql.BigInt);
-  let id: string;
   try {
     const result = await request.execute('asyncexec.usp_AsyncExecInvoke');
-    id = String(result.output.id);
+    return String(result.output.id);
   } catch (error) {
     throw mapDatabaseError(error);
   }
+}
+
+/** Enqueue a call inside the caller's open transaction and read the new row back on it. */
+export async function invoke(tx: sql.Transaction, call: InvokeCall): Promise<Execution> {
+  const id = await enqueue(tx, call);
   const [execution] = await getExecutionsById(tx, [id]);
   if (!execution) throw new Error(`execution ${id} was enqueued but cannot be read back`);
   return execution;

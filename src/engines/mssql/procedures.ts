@@ -73,21 +73,74 @@ export async function registerProcedure(pool: sql.ConnectionPool, name: string, 
   return procedure;
 }
 
-export async function listQueues(pool: sql.ConnectionPool, only?: string): Promise<QueueInfo[]> {
+export interface QueueRow {
+  name: string;
+  concurrency: number;
+  waiting: number;
+  pending: number;
+  running: number;
+  recent_succeeded: number;
+  recent_failed: number;
+  recent_cancelled: number;
+}
+
+/** The default window of QueueInfo.recent. */
+export const RECENT_SECONDS = 3600;
+
+/** recentSeconds as listQueues uses it: a whole number of seconds that DATEADD takes (int). */
+export function checkRecentSeconds(recentSeconds: number): number {
+  if (typeof recentSeconds !== 'number' || !Number.isFinite(recentSeconds) || recentSeconds < 0) {
+    throw new EngineError('BAD_USER_INPUT', `recentSeconds must be a non-negative number, not ${recentSeconds}`);
+  }
+  return Math.min(Math.floor(recentSeconds), 2_147_483_647);
+}
+
+/**
+ * Every queue (or one) with the counts of its open executions, and of those that ended
+ * within the last `recentSeconds` by outcome (IX_AsyncExecResults_finished covers it).
+ */
+export async function listQueues(pool: sql.ConnectionPool, recentSeconds: number = RECENT_SECONDS, only?: string): Promise<QueueInfo[]> {
+  const seconds = checkRecentSeconds(recentSeconds);
   const request = pool.request();
   request.input('only', sql.NVarChar(100), only ?? null);
-  const result = await request.query<QueueInfo>(
-    `SELECT q.name, q.concurrency,
-            COUNT(CASE WHEN e.status = 'WAITING' THEN 1 END) AS waiting,
-            COUNT(CASE WHEN e.status = 'PENDING' THEN 1 END) AS pending,
-            COUNT(CASE WHEN e.status = 'RUNNING' THEN 1 END) AS running
+  request.input('recentSeconds', sql.Int, seconds);
+  const result = await request.query<QueueRow>(
+    `DECLARE @since datetime2(3) = DATEADD(second, -@recentSeconds, SYSUTCDATETIME());
+     SELECT q.name, q.concurrency,
+            COALESCE(o.waiting, 0) AS waiting, COALESCE(o.pending, 0) AS pending, COALESCE(o.running, 0) AS running,
+            COALESCE(r.succeeded, 0) AS recent_succeeded, COALESCE(r.failed, 0) AS recent_failed,
+            COALESCE(r.cancelled, 0) AS recent_cancelled
        FROM asyncexec.AsyncExecQueues AS q
-       LEFT JOIN asyncexec.AsyncExecResults AS e ON e.queue = q.name AND e.status IN ('WAITING', 'PENDING', 'RUNNING')
+       LEFT JOIN (SELECT e.queue,
+                         COUNT(CASE WHEN e.status = 'WAITING' THEN 1 END) AS waiting,
+                         COUNT(CASE WHEN e.status = 'PENDING' THEN 1 END) AS pending,
+                         COUNT(CASE WHEN e.status = 'RUNNING' THEN 1 END) AS running
+                    FROM asyncexec.AsyncExecResults AS e
+                   WHERE e.status IN ('WAITING', 'PENDING', 'RUNNING')
+                   GROUP BY e.queue) AS o ON o.queue = q.name
+       LEFT JOIN (SELECT e.queue,
+                         COUNT(CASE WHEN e.status = 'SUCCEEDED' THEN 1 END) AS succeeded,
+                         COUNT(CASE WHEN e.status = 'FAILED' THEN 1 END) AS failed,
+                         COUNT(CASE WHEN e.status = 'CANCELLED' THEN 1 END) AS cancelled
+                    FROM asyncexec.AsyncExecResults AS e
+                   WHERE e.finished_at >= @since AND e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+                   GROUP BY e.queue) AS r ON r.queue = q.name
       WHERE @only IS NULL OR q.name = @only
-      GROUP BY q.name, q.concurrency
-      ORDER BY q.name`,
+      ORDER BY q.name;`,
   );
-  return result.recordset;
+  return result.recordset.map((row) => toQueueInfo(row, seconds));
+}
+
+export function toQueueInfo(row: QueueRow, recentSeconds: number): QueueInfo {
+  return {
+    name: row.name,
+    concurrency: row.concurrency,
+    waiting: row.waiting,
+    pending: row.pending,
+    running: row.running,
+    recent: { succeeded: row.recent_succeeded, failed: row.recent_failed, cancelled: row.recent_cancelled },
+    recentSeconds,
+  };
 }
 
 /** Queue names: 1–100 characters of A-Z a-z 0-9 _ . : - (as usp_AsyncExecCreateQueue and CK_AsyncExecQueues_name check). */
@@ -127,7 +180,7 @@ export async function createQueue(pool: sql.ConnectionPool, name: string, concur
  */
 export async function configureQueue(pool: sql.ConnectionPool, name: string, concurrency: number): Promise<QueueInfo> {
   await createQueue(pool, name, concurrency);
-  const [queue] = await listQueues(pool, name);
+  const [queue] = await listQueues(pool, RECENT_SECONDS, name);
   if (!queue) throw new EngineError('NOT_FOUND', `queue ${name} vanished after it was configured`);
   return queue;
 }

@@ -9,11 +9,18 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
  * pg_cancel_backend on the session that runs it; its worker then records CANCELLED.
  */
 export async function cancelExecution(pool: pg.Pool, token: string, waitMs = 10_000): Promise<Execution> {
-  const { rows } = await pool.query<{ outcome: 'CANCELLED' | 'RUNNING' | 'FINISHED' | 'NOT_FOUND'; backend_pid: number | null }>(
-    'select outcome, backend_pid from asyncproc.cancel($1::uuid)',
-    [token],
-  );
-  const { outcome, backend_pid: pid } = rows[0];
+  type Outcome = 'CANCELLED' | 'RUNNING' | 'FINISHED' | 'NOT_FOUND' | 'RETRY';
+  let outcome: Outcome = 'RETRY';
+  let pid: number | null = null;
+  // RETRY: a batch member started while we held its batch; ask again in a new transaction
+  for (let tries = 0; outcome === 'RETRY' && tries < 20; tries++) {
+    const { rows } = await pool.query<{ outcome: Outcome; backend_pid: number | null }>(
+      'select outcome, backend_pid from asyncproc.cancel($1::uuid)',
+      [token],
+    );
+    ({ outcome, backend_pid: pid } = rows[0]);
+  }
+  if (outcome === 'RETRY') throw new Error(`could not cancel ${token}: its state kept changing`);
   if (outcome === 'NOT_FOUND') throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
   if (outcome === 'FINISHED') throw new EngineError('ALREADY_FINISHED', `execution ${token} has already finished`);
   if (outcome === 'RUNNING') {

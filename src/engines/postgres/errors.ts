@@ -1,10 +1,11 @@
 import { EngineError, type EngineErrorCode } from '../../engine.js';
 
-/** SQLSTATEs raised by asyncproc.invoke (sql/postgres/0001_core.sql). */
+/** SQLSTATEs raised by asyncproc.submit and submit_batch (sql/postgres). */
 const CODES: Record<string, EngineErrorCode> = {
   AP001: 'UNKNOWN_PROCEDURE',
   AP002: 'INVALID_ARGUMENTS',
   AP003: 'UNKNOWN_QUEUE',
+  AP004: 'BAD_USER_INPUT',
 };
 
 /** Our own SQLSTATEs become EngineErrors; anything else passes through unchanged. */

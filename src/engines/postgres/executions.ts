@@ -1,11 +1,9 @@
 import type pg from 'pg';
-import type { Execution, ExecutionEvent, ExecutionFilter, ExecutionPage, PageRequest } from '../../engine.js';
+import { isUuid, type Execution, type ExecutionEvent, type ExecutionFilter, type ExecutionPage, type PageRequest } from '../../engine.js';
 import { EXECUTION_COLUMNS, filterSql, toExecution, type ExecutionRow } from './rows.js';
 
-const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
-
 export async function getExecutions(pool: pg.Pool, tokens: readonly string[]): Promise<Execution[]> {
-  const valid = tokens.filter((t) => UUID.test(t));
+  const valid = tokens.filter((t) => isUuid(t));
   if (!valid.length) return [];
   const { rows } = await pool.query<ExecutionRow>(
     `select ${EXECUTION_COLUMNS} from asyncproc.executions e where e.token = any($1::uuid[])`,

@@ -1,5 +1,15 @@
 import pg from 'pg';
-import type { ActivatorOptions, Closeable, Engine, Execution, InvokeCall, ListenerSink, RegisterOptions } from '../../engine.js';
+import type {
+  ActivatorOptions,
+  Batch,
+  Closeable,
+  Engine,
+  Execution,
+  InvokeCall,
+  ListenerSink,
+  RegisterOptions,
+  SubmitBatchOptions,
+} from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
@@ -10,7 +20,8 @@ import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate } from './migrator.js';
 import { listProcedures, registerProcedure } from './procedures.js';
-import { configureQueue, listQueues } from './queues.js';
+import { configureQueue, listQueues, listRunning } from './queues.js';
+import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
 import { cancelExecution } from './cancel.js';
 
@@ -97,6 +108,18 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     return executions;
   }
 
+  async submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch> {
+    const executions = await submitBatch(this.pool, stages, options);
+    this.announce(executions);
+    return (await getBatch(this.pool, executions[0].batchId!))!;
+  }
+  getBatch(id: string) {
+    return getBatch(this.pool, id);
+  }
+  getBatchExecutions(id: string) {
+    return getBatchExecutions(this.pool, id);
+  }
+
   private announce(executions: Execution[]): void {
     const ready = new Set<string>();
     for (const execution of executions) {
@@ -132,8 +155,11 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   registerProcedure(name: string, options?: RegisterOptions) {
     return registerProcedure(this.pool, name, options);
   }
-  listQueues() {
-    return listQueues(this.pool);
+  listQueues(recentSeconds?: number) {
+    return listQueues(this.pool, recentSeconds);
+  }
+  listRunning(queue: string | null, limit: number) {
+    return listRunning(this.pool, queue, limit);
   }
   configureQueue(name: string, concurrency: number) {
     return configureQueue(this.pool, name, concurrency);
@@ -172,7 +198,6 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     await listener.start();
     return this.closeables.track(listener);
   }
-
 
   async close(): Promise<void> {
     await this.closeables.closeAll();

@@ -1,13 +1,38 @@
 import type pg from 'pg';
-import { EngineError, type QueueInfo } from '../../engine.js';
+import { EngineError, type QueueInfo, type RunningExecution } from '../../engine.js';
+import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
-export async function listQueues(pool: pg.Pool): Promise<QueueInfo[]> {
-  const { rows } = await pool.query<{ name: string; concurrency: number; waiting: string; pending: string; running: string }>(
-    `select q.name, q.concurrency,
+export const DEFAULT_RECENT_SECONDS = 3600;
+
+interface QueueRow {
+  name: string;
+  concurrency: number;
+  waiting: string;
+  pending: string;
+  running: string;
+  succeeded: string;
+  failed: string;
+  cancelled: string;
+}
+
+export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_SECONDS): Promise<QueueInfo[]> {
+  const { rows } = await pool.query<QueueRow>(
+    `with recent as (
+       select e.queue,
+              count(*) filter (where e.status = 'SUCCEEDED') as succeeded,
+              count(*) filter (where e.status = 'FAILED') as failed,
+              count(*) filter (where e.status = 'CANCELLED') as cancelled
+         from asyncproc.executions e
+        where e.finished_at > clock_timestamp() - $1 * interval '1 second'
+        group by e.queue)
+     select q.name, q.concurrency,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'WAITING') as waiting,
             (select count(*) from asyncproc.ready r where r.queue = q.name) as pending,
-            (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'RUNNING') as running
-       from asyncproc.queues q order by q.name`,
+            (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'RUNNING') as running,
+            coalesce(r.succeeded, 0) as succeeded, coalesce(r.failed, 0) as failed, coalesce(r.cancelled, 0) as cancelled
+       from asyncproc.queues q left join recent r on r.queue = q.name
+      order by q.name`,
+    [recentSeconds],
   );
   return rows.map((r) => ({
     name: r.name,
@@ -15,6 +40,8 @@ export async function listQueues(pool: pg.Pool): Promise<QueueInfo[]> {
     waiting: Number(r.waiting),
     pending: Number(r.pending),
     running: Number(r.running),
+    recent: { succeeded: Number(r.succeeded), failed: Number(r.failed), cancelled: Number(r.cancelled) },
+    recentSeconds,
   }));
 }
 
@@ -32,4 +59,17 @@ export async function configureQueue(pool: pg.Pool, name: string, concurrency: n
     throw error;
   }
   return (await listQueues(pool)).find((q) => q.name === name)!;
+}
+
+/** What runs now, longest first; elapsed by the database's clock (the one started_at was taken from). */
+export async function listRunning(pool: pg.Pool, queue: string | null, limit: number): Promise<RunningExecution[]> {
+  const { rows } = await pool.query<ExecutionRow & { elapsed_ms: string }>(
+    `select ${EXECUTION_COLUMNS}, (extract(epoch from clock_timestamp() - e.started_at) * 1000)::bigint as elapsed_ms
+       from asyncproc.executions e
+      where e.status = 'RUNNING' and ($1::text is null or e.queue = $1)
+      order by e.started_at, e.id
+      limit $2`,
+    [queue, limit],
+  );
+  return rows.map((row) => ({ execution: toExecution(row), elapsedMs: Number(row.elapsed_ms) }));
 }

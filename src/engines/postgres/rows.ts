@@ -3,7 +3,7 @@ import type { Execution, ExecutionError, ExecutionFilter, ExecutionStatus } from
 /** The columns every execution read selects, in the shape toExecution() expects. */
 export const EXECUTION_COLUMNS = `e.id, e.token, e.procedure, e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
   e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_message,
-  e.error_detail, e.error_context, e.result, e.worker, e.backend_pid, e.seq`;
+  e.error_detail, e.error_context, e.result, e.worker, e.backend_pid, e.seq, e.batch_id, e.stage`;
 
 export interface ExecutionRow {
   id: string;
@@ -27,6 +27,8 @@ export interface ExecutionRow {
   worker: string | null;
   backend_pid: number | null;
   seq: string;
+  batch_id: string | null;
+  stage: number | null;
 }
 
 /** PL/pgSQL reports the line of the failing statement in its context ("… line 3 at RAISE"). */
@@ -69,6 +71,8 @@ export function toExecution(row: ExecutionRow): Execution {
     worker: row.worker,
     sessionId: row.backend_pid,
     cursor: row.seq,
+    batchId: row.batch_id,
+    stage: row.stage,
   };
 }
 

@@ -1,0 +1,90 @@
+import type pg from 'pg';
+import { EngineError, isUuid, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
+import { mapDatabaseError } from './errors.js';
+import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
+
+/** Shape checks that need no database (the database repeats them for plain-SQL callers). */
+export function checkStages(stages: readonly (readonly InvokeCall[])[]): void {
+  if (!stages.length) throw new EngineError('BAD_USER_INPUT', 'a batch needs at least one stage');
+  stages.forEach((calls, i) => {
+    if (!calls.length) throw new EngineError('BAD_USER_INPUT', `stage ${i + 1} of the batch has no calls`);
+    for (const call of calls) {
+      if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
+        throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
+      }
+    }
+  });
+}
+
+/** The whole batch in one statement (one transaction): all or none. Returns its executions in order. */
+export async function submitBatch(
+  pool: pg.Pool,
+  stages: readonly (readonly InvokeCall[])[],
+  options: SubmitBatchOptions = {},
+): Promise<Execution[]> {
+  checkStages(stages);
+  try {
+    const { rows } = await pool.query<ExecutionRow>(
+      `select ${EXECUTION_COLUMNS} from asyncproc.submit_batch($1::jsonb, $2, $3, true) e`,
+      [JSON.stringify(stages), options.onFailure ?? 'CANCEL', options.submittedBy ?? null],
+    );
+    return rows.map(toExecution);
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
+}
+
+interface BatchRow {
+  id: string;
+  status: Batch['status'];
+  on_failure: Batch['onFailure'];
+  current_stage: number;
+  stage_count: number;
+  submitted_at: Date;
+  finished_at: Date | null;
+  submitted_by: string | null;
+  stages: BatchStage[];
+}
+
+export async function getBatch(pool: pg.Pool, id: string): Promise<Batch | null> {
+  if (!isUuid(id)) return null;
+  const { rows } = await pool.query<BatchRow>(
+    `select b.id, b.status, b.on_failure, b.current_stage, b.stage_count, b.submitted_at, b.finished_at, b.submitted_by,
+            coalesce((select jsonb_agg(jsonb_build_object(
+                       'stage', s.stage, 'total', s.total, 'waiting', s.waiting, 'pending', s.pending,
+                       'running', s.running, 'succeeded', s.succeeded, 'failed', s.failed, 'cancelled', s.cancelled)
+                       order by s.stage)
+                       from (select e.stage, count(*) as total,
+                                    count(*) filter (where e.status = 'WAITING') as waiting,
+                                    count(*) filter (where e.status = 'PENDING') as pending,
+                                    count(*) filter (where e.status = 'RUNNING') as running,
+                                    count(*) filter (where e.status = 'SUCCEEDED') as succeeded,
+                                    count(*) filter (where e.status = 'FAILED') as failed,
+                                    count(*) filter (where e.status = 'CANCELLED') as cancelled
+                               from asyncproc.executions e where e.batch_id = b.id group by e.stage) s), '[]') as stages
+       from asyncproc.batches b where b.id = $1::uuid`,
+    [id],
+  );
+  const row = rows[0];
+  if (!row) return null;
+  return {
+    id: row.id,
+    status: row.status,
+    onFailure: row.on_failure,
+    currentStage: row.current_stage,
+    stageCount: row.stage_count,
+    submittedAt: row.submitted_at,
+    finishedAt: row.finished_at,
+    submittedBy: row.submitted_by,
+    stages: row.stages,
+  };
+}
+
+export async function getBatchExecutions(pool: pg.Pool, id: string): Promise<Execution[]> {
+  if (!isUuid(id)) return [];
+  const { rows } = await pool.query<ExecutionRow>(
+    `select ${EXECUTION_COLUMNS} from asyncproc.executions e where e.batch_id = $1::uuid order by e.stage, e.id`,
+    [id],
+  );
+  return rows.map(toExecution);
+}

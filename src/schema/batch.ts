@@ -1,0 +1,138 @@
+import { BATCH_STATUSES, type Batch, type BatchStage, type RunningExecution } from '../engine.js';
+import { builder } from './builder.js';
+import { checkToken, guard, userError } from './errors.js';
+import { ExecutionRef } from './execution.js';
+import { InvokeInput, checkCallCount, toCall } from './invoke.js';
+
+const BatchStatusEnum = builder.enumType('BatchStatus', {
+  description: 'RUNNING until every execution has ended; then FAILED if any failed, else CANCELLED if any was cancelled, else SUCCEEDED.',
+  values: BATCH_STATUSES,
+});
+
+const BatchFailurePolicyEnum = builder.enumType('BatchFailurePolicy', {
+  values: {
+    CANCEL: { description: 'The first execution that does not succeed cancels every one not yet started (the default).' },
+    CONTINUE: { description: 'Later stages run anyway.' },
+  } as const,
+});
+
+const BatchStageRef = builder.objectRef<BatchStage>('BatchStage').implement({
+  description: "Counts of one stage's executions by status.",
+  fields: (t) => ({
+    stage: t.exposeInt('stage', { description: '1-based.' }),
+    total: t.exposeInt('total'),
+    waiting: t.exposeInt('waiting'),
+    pending: t.exposeInt('pending'),
+    running: t.exposeInt('running'),
+    succeeded: t.exposeInt('succeeded'),
+    failed: t.exposeInt('failed'),
+    cancelled: t.exposeInt('cancelled'),
+  }),
+});
+
+const sum = (batch: Batch, key: keyof Omit<BatchStage, 'stage'>) => batch.stages.reduce((n, s) => n + s[key], 0);
+
+export const BatchRef = builder.objectRef<Batch>('Batch').implement({
+  description:
+    'Executions in ordered stages: the calls of a stage may run in parallel; stage n+1 is released when every execution of stage n has ended.',
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    status: t.field({ type: BatchStatusEnum, resolve: (b) => b.status }),
+    onFailure: t.field({ type: BatchFailurePolicyEnum, resolve: (b) => b.onFailure }),
+    currentStage: t.exposeInt('currentStage', { description: 'The stage released last.' }),
+    stageCount: t.exposeInt('stageCount'),
+    submittedAt: t.expose('submittedAt', { type: 'DateTime' }),
+    finishedAt: t.expose('finishedAt', { type: 'DateTime', nullable: true }),
+    submittedBy: t.exposeString('submittedBy', { nullable: true }),
+    stages: t.field({ type: [BatchStageRef], resolve: (b) => b.stages }),
+    total: t.int({ resolve: (b) => sum(b, 'total') }),
+    succeeded: t.int({ resolve: (b) => sum(b, 'succeeded') }),
+    failed: t.int({ resolve: (b) => sum(b, 'failed') }),
+    cancelled: t.int({ resolve: (b) => sum(b, 'cancelled') }),
+    executions: t.field({
+      type: [ExecutionRef],
+      description: 'By stage, then in submission order.',
+      resolve: (b, _args, { engine }) => engine.getBatchExecutions(b.id),
+    }),
+  }),
+});
+
+builder.objectFields(ExecutionRef, (t) => ({
+  stage: t.exposeInt('stage', { nullable: true, description: 'Its stage in its batch, 1-based.' }),
+  batch: t.field({
+    type: BatchRef,
+    nullable: true,
+    resolve: (e, _args, { engine }) => (e.batchId ? engine.getBatch(e.batchId) : null),
+  }),
+}));
+
+const SubmitBatchInput = builder.inputType('SubmitBatchInput', {
+  fields: (t) => ({
+    stages: t.field({
+      type: t.listRef(t.listRef(InvokeInput, { required: true }), { required: true }),
+      required: true,
+      description: 'Stage 1 first. The calls of a stage may run in parallel.',
+    }),
+    onFailure: t.field({ type: BatchFailurePolicyEnum, required: false, defaultValue: 'CANCEL' }),
+  }),
+});
+
+const SubmitBatchPayload = builder.objectRef<{ batch: Batch }>('SubmitBatchPayload').implement({
+  fields: (t) => ({ batch: t.field({ type: BatchRef, resolve: (p) => p.batch }) }),
+});
+
+builder.mutationFields((t) => ({
+  submitBatch: t.field({
+    type: SubmitBatchPayload,
+    description: 'Submit a batch of calls in ordered stages, in one transaction: all or none.',
+    args: { input: t.arg({ type: SubmitBatchInput, required: true }) },
+    resolve: (_root, { input }, context) =>
+      guard(async () => {
+        checkCallCount(input.stages.reduce((n, stage) => n + stage.length, 0), context);
+        const stages = input.stages.map((stage) => stage.map((call) => toCall(call, context)));
+        const batch = await context.engine.submitBatch(stages, { onFailure: input.onFailure ?? 'CANCEL', submittedBy: context.user });
+        return { batch };
+      }),
+  }),
+}));
+
+const RunningExecutionRef = builder.objectRef<RunningExecution>('RunningExecution').implement({
+  description: 'An execution running now.',
+  fields: (t) => ({
+    execution: t.field({ type: ExecutionRef, resolve: (r) => r.execution }),
+    elapsedMs: t.int({ description: "How long it has run, by the database's clock.", resolve: (r) => r.elapsedMs }),
+  }),
+});
+
+builder.queryFields((t) => ({
+  batch: t.field({
+    type: BatchRef,
+    nullable: true,
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_root, { id }, { engine }) => guard(() => engine.getBatch(checkToken(String(id), 'batch id'))),
+  }),
+  running: t.field({
+    type: [RunningExecutionRef],
+    description: 'What runs now, longest-running first, with the worker or session that runs it.',
+    args: {
+      queue: t.arg.string({ required: false }),
+      first: t.arg.int({ required: false, defaultValue: 100, description: '1–1000.' }),
+    },
+    resolve: (_root, { queue, first }, { engine }) =>
+      guard(async () => {
+        const limit = first ?? 100;
+        if (limit < 1 || limit > 1000) throw userError('BAD_USER_INPUT', 'first must be between 1 and 1000');
+        return engine.listRunning(queue ?? null, limit);
+      }),
+  }),
+}));
+
+builder.subscriptionFields((t) => ({
+  batchCompleted: t.field({
+    type: BatchRef,
+    description: 'One event when the batch ends (also if it ended before you subscribed), then the stream ends.',
+    args: { id: t.arg.id({ required: true }) },
+    subscribe: (_root, { id }, { hub }) => guard(() => hub.batchCompleted(checkToken(String(id), 'batch id'))),
+    resolve: (batch) => batch,
+  }),
+}));
