@@ -5,7 +5,16 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { EngineError, isTerminal, type Closeable, type Engine, type Execution, type ExecutionEvent, type InvokeCall } from '../src/engine.js';
+import {
+  EngineError,
+  isTerminal,
+  type Batch,
+  type Closeable,
+  type Engine,
+  type Execution,
+  type ExecutionEvent,
+  type InvokeCall,
+} from '../src/engine.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
 export interface EngineHarness {
@@ -39,6 +48,22 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         timeoutMs,
         `${tokens.length} executions to finish`,
       );
+    const batchEnded = (id: string, timeoutMs = 60_000) =>
+      waitFor(
+        async () => {
+          const batch = await engine.getBatch(id);
+          return batch && batch.status !== 'RUNNING' ? batch : null;
+        },
+        timeoutMs,
+        `batch ${id} to end`,
+      );
+    /** The batch's executions, stage by stage (index 0: stage 1). */
+    const byStage = async (batch: Batch) => {
+      const stages: Execution[][] = Array.from({ length: batch.stageCount }, () => []);
+      for (const execution of await engine.getBatchExecutions(batch.id)) stages[execution.stage! - 1].push(execution);
+      return stages;
+    };
+    const isCode = (code: string) => (e: unknown) => e instanceof EngineError && e.code === code;
     const expectRefusal = async (call: InvokeCall, code: string, pattern?: RegExp) => {
       const before = await engine.countExecutions({});
       await assert.rejects(
@@ -383,6 +408,169 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         engine.cancelExecution('00000000-0000-4000-8000-000000000000'),
         (e: unknown) => e instanceof EngineError && e.code === 'NOT_FOUND',
       );
+    });
+
+    it('batch: stages run in order (proven by start and finish times), the calls of a stage in parallel', async () => {
+      const queue = unique('bq');
+      await engine.configureQueue(queue, 3);
+      const tag = unique('batch-last');
+      const sleep = (seconds: number) => ({ procedure: 'demo.sleep', arguments: { seconds }, queue });
+      const submitted = await engine.submitBatch(
+        [[sleep(0.5), sleep(0.5), sleep(0.3)], [sleep(0.3), sleep(0.2)], [{ procedure: 'demo.record', arguments: { tag }, queue }]],
+        { submittedBy: 'conformance' },
+      );
+      assert.equal(submitted.status, 'RUNNING');
+      assert.equal(submitted.stageCount, 3);
+      assert.equal(submitted.onFailure, 'CANCEL', 'the default policy');
+      assert.equal(submitted.submittedBy, 'conformance');
+      assert.deepEqual(submitted.stages.map((s) => [s.stage, s.total]), [[1, 3], [2, 2], [3, 1]]);
+      assert.equal(submitted.stages[1].waiting, 2, 'a later stage is held WAITING');
+      const held = await byStage(submitted);
+      assert.ok(held[2].every((e) => e.status === 'WAITING' && e.batchId === submitted.id && e.stage === 3));
+
+      const done = await batchEnded(submitted.id);
+      assert.equal(done.status, 'SUCCEEDED');
+      assert.equal(done.currentStage, 3);
+      assert.ok(done.finishedAt && done.finishedAt >= done.submittedAt);
+      assert.deepEqual(done.stages.map((s) => s.succeeded), [3, 2, 1]);
+      const stages = await byStage(done);
+      for (let n = 1; n < stages.length; n++) {
+        const lastFinish = Math.max(...stages[n - 1].map((e) => e.finishedAt!.getTime()));
+        const firstStart = Math.min(...stages[n].map((e) => e.startedAt!.getTime()));
+        assert.ok(firstStart >= lastFinish, `stage ${n + 1} started ${lastFinish - firstStart} ms before stage ${n} ended`);
+        assert.ok(firstStart - lastFinish < 2000, `stage ${n + 1} was released promptly (${firstStart - lastFinish} ms)`);
+      }
+      assert.ok(peakConcurrency(stages[0]) >= 2, 'the calls of a stage run in parallel');
+      assert.equal(await harness.ledgerCount(tag), 1);
+    });
+
+    it('batch: with many finishers at once, every stage is released exactly once and nothing is stuck', async () => {
+      const tag = unique('batch-race');
+      const noop = { procedure: 'demo.noop', arguments: {} };
+      const record = (stage: number) => ({ procedure: 'demo.record', arguments: { tag: `${tag}-${stage}` } });
+      const batches = await Promise.all(
+        Array.from({ length: 6 }, () =>
+          engine.submitBatch([Array.from({ length: 15 }, () => noop), [record(2), record(2), record(2)], Array.from({ length: 10 }, () => noop), [record(4)]]),
+        ),
+      );
+      for (const submitted of batches) {
+        const done = await batchEnded(submitted.id);
+        assert.equal(done.status, 'SUCCEEDED');
+        const stages = await byStage(done);
+        for (let n = 1; n < stages.length; n++) {
+          const lastFinish = Math.max(...stages[n - 1].map((e) => e.finishedAt!.getTime()));
+          assert.ok(stages[n].every((e) => e.startedAt!.getTime() >= lastFinish && e.attempts === 1));
+        }
+      }
+      assert.equal(await harness.ledgerCount(`${tag}-2`), 18, 'stage 2 of each batch ran once');
+      assert.equal(await harness.ledgerCount(`${tag}-4`), 6, 'stage 4 of each batch ran once');
+    });
+
+    it('batch: a failed call cancels the rest by default; running siblings finish; the batch FAILED', async () => {
+      const tag = unique('batch-cancelled');
+      const message = unique('stage-one-fails');
+      const soon = (ms: number) => new Date(Date.now() + ms);
+      const submitted = await engine.submitBatch([
+        [
+          { procedure: 'demo.sleep', arguments: { seconds: 1 } },
+          { procedure: 'demo.fail', arguments: { message }, runAt: soon(400) },
+          { procedure: 'demo.record', arguments: { tag }, runAt: soon(5000) },
+        ],
+        [{ procedure: 'demo.record', arguments: { tag } }],
+        [{ procedure: 'demo.record', arguments: { tag } }],
+      ]);
+      const done = await batchEnded(submitted.id);
+      assert.equal(done.status, 'FAILED');
+      const [[slept, failed, waiting], second, third] = await byStage(done);
+      assert.equal(failed.status, 'FAILED');
+      assert.equal(slept.status, 'SUCCEEDED', 'a sibling running when the failure came runs to its end');
+      assert.ok(slept.finishedAt! > failed.finishedAt!);
+      for (const execution of [waiting, ...second, ...third]) {
+        assert.equal(execution.status, 'CANCELLED');
+        assert.equal(execution.startedAt, null, 'a cancelled call never started');
+        assert.ok(execution.finishedAt);
+      }
+      assert.deepEqual(done.stages.map((s) => s.cancelled), [1, 1, 1]);
+      assert.ok(done.finishedAt!.getTime() >= slept.finishedAt!.getTime(), 'the batch ends with its last call');
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
+    it('batch: CONTINUE runs later stages after a failure, and a retrying call holds its stage until its last attempt', async () => {
+      const tag = unique('batch-continue');
+      const submitted = await engine.submitBatch(
+        [[{ procedure: 'demo.fail', arguments: { message: unique('retried') }, maxAttempts: 2 }], [{ procedure: 'demo.record', arguments: { tag } }]],
+        { onFailure: 'CONTINUE' },
+      );
+      assert.equal(submitted.onFailure, 'CONTINUE');
+      const done = await batchEnded(submitted.id);
+      assert.equal(done.status, 'FAILED', 'a batch with a failed call is FAILED');
+      const [[failed], [recorded]] = await byStage(done);
+      assert.equal(failed.status, 'FAILED');
+      assert.equal(failed.attempts, 2);
+      assert.equal(recorded.status, 'SUCCEEDED');
+      assert.ok(recorded.startedAt! >= failed.finishedAt!, 'stage 2 waited for the last attempt');
+      assert.equal(await harness.ledgerCount(tag), 1);
+    });
+
+    it('batch: cancelling a call of a later stage; the batch ends CANCELLED when nothing failed', async () => {
+      const tag = unique('batch-cancel-member');
+      const submitted = await engine.submitBatch([
+        [{ procedure: 'demo.sleep', arguments: { seconds: 0.5 } }],
+        [{ procedure: 'demo.record', arguments: { tag } }],
+      ]);
+      const [, [held]] = await byStage(submitted);
+      assert.equal((await engine.cancelExecution(held.token)).status, 'CANCELLED');
+      const done = await batchEnded(submitted.id);
+      assert.equal(done.status, 'CANCELLED');
+      const [[slept], [cancelled]] = await byStage(done);
+      assert.equal(slept.status, 'SUCCEEDED', 'the running stage finishes');
+      assert.equal(cancelled.startedAt, null);
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
+    it('batch: refused as a whole when any call is refused, or when a stage is empty; unknown ids read as null', async () => {
+      const tag = unique('batch-refused');
+      const before = await engine.countExecutions({});
+      await assert.rejects(
+        engine.submitBatch([[{ procedure: 'demo.record', arguments: { tag } }], [{ procedure: 'demo.add', arguments: { a: 'x', b: 1 } }]]),
+        isCode('INVALID_ARGUMENTS'),
+      );
+      await assert.rejects(engine.submitBatch([[{ procedure: 'demo.record', arguments: { tag } }], [{ procedure: 'demo.nope', arguments: {} }]]), isCode('UNKNOWN_PROCEDURE'));
+      await assert.rejects(engine.submitBatch([[{ procedure: 'demo.record', arguments: { tag }, queue: 'no-such-queue' }]]), isCode('UNKNOWN_QUEUE'));
+      await assert.rejects(engine.submitBatch([]), isCode('BAD_USER_INPUT'));
+      await assert.rejects(engine.submitBatch([[{ procedure: 'demo.record', arguments: { tag } }], []]), isCode('BAD_USER_INPUT'));
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      assert.equal(await engine.countExecutions({}), before, 'nothing enqueued');
+      assert.equal(await harness.ledgerCount(tag), 0);
+      assert.equal(await engine.getBatch('00000000-0000-4000-8000-000000000000'), null);
+      assert.deepEqual(await engine.getBatchExecutions('00000000-0000-4000-8000-000000000000'), []);
+    });
+
+    it('monitoring: running lists what runs now with its worker and elapsed time; queues count recent outcomes', async () => {
+      const queue = unique('mq');
+      await engine.configureQueue(queue, 2);
+      const [slow] = await submit([{ procedure: 'demo.sleep', arguments: { seconds: 2 }, queue }]);
+      await waitFor(async () => (await engine.getExecution(slow.token))?.status === 'RUNNING', 10_000, 'the slow call to run');
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const running = await engine.listRunning(queue, 100);
+      assert.deepEqual(running.map((r) => r.execution.token), [slow.token]);
+      assert.ok(running[0].elapsedMs >= 250 && running[0].elapsedMs < 10_000, `elapsed ${running[0].elapsedMs} ms`);
+      assert.ok(running[0].execution.worker && running[0].execution.sessionId, 'who runs it');
+      assert.ok((await engine.listRunning(null, 1000)).some((r) => r.execution.token === slow.token));
+      assert.equal((await engine.listRunning(unique('idle'), 100)).length, 0);
+      const [failing, quick] = await submit([
+        { procedure: 'demo.fail', arguments: { message: 'counted' }, queue },
+        { procedure: 'demo.add', arguments: { a: 1, b: 1 }, queue },
+      ]);
+      await finished([slow.token, failing.token, quick.token]);
+      const [info] = (await engine.listQueues()).filter((q) => q.name === queue);
+      assert.deepEqual(info.recent, { succeeded: 2, failed: 1, cancelled: 0 });
+      assert.equal(info.recentSeconds, 3600);
+      assert.deepEqual([info.pending, info.running], [0, 0]);
+      await new Promise((resolve) => setTimeout(resolve, 1100));
+      const [narrow] = (await engine.listQueues(1)).filter((q) => q.name === queue);
+      assert.deepEqual(narrow.recent, { succeeded: 0, failed: 0, cancelled: 0 }, 'outside a 1 s window');
     });
   });
 }

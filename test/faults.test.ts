@@ -9,7 +9,9 @@ import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
+import { CompletionHub } from '../src/completionHub.js';
 import type { PostgresEngine } from '../src/engines/postgres/index.js';
+import { silentLogger } from '../src/logger.js';
 import { collect, startTestApp } from './support/app.js';
 import { freePort, peakConcurrency, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
@@ -190,6 +192,43 @@ describe('faults', () => {
       }
     } finally {
       await stopChild(doomed, 'SIGKILL');
+    }
+  });
+
+  it('a batch whose running stage loses its worker (SIGKILL): the next stage is released once, and the subscriber hears the end', async () => {
+    const hub = new CompletionHub(engine, silentLogger);
+    const listener = await engine.startListener(hub);
+    const doomed = cli('worker');
+    try {
+      const batch = await engine.submitBatch([
+        [
+          { procedure: 'faults.record_then_sleep', arguments: { tag: 'batch-kill-1', seconds: 3 } },
+          { procedure: 'faults.record_then_sleep', arguments: { tag: 'batch-kill-1', seconds: 0.1 } },
+        ],
+        [{ procedure: 'demo.record', arguments: { tag: 'batch-kill-2' } }],
+      ]);
+      const completion = collect(await hub.batchCompleted(batch.id), Infinity, 60_000);
+      const [long] = await engine.getBatchExecutions(batch.id);
+      await waitFor(async () => {
+        const e = await statusOf(long.token);
+        return e.status === 'RUNNING' && e.worker?.includes(`:${doomed.pid}/`);
+      }, 20_000, 'the child worker to start the long call');
+      await stopChild(doomed, 'SIGKILL');
+      const survivor = cli('worker');
+      try {
+        const [ended] = await completion;
+        assert.equal(ended.status, 'SUCCEEDED');
+        assert.deepEqual(ended.stages.map((st) => st.succeeded), [2, 1]);
+        const [first, second, third] = await engine.getBatchExecutions(batch.id);
+        assert.ok(third.startedAt! >= first.finishedAt! && third.startedAt! >= second.finishedAt!, 'stage 2 waited for the recovered call');
+        assert.equal(await ledger('batch-kill-1'), 2, 'the killed run left no effect; the rerun one');
+        assert.equal(await ledger('batch-kill-2'), 1, 'stage 2 ran once');
+      } finally {
+        await stopChild(survivor, 'SIGTERM');
+      }
+    } finally {
+      await stopChild(doomed, 'SIGKILL');
+      await listener.close();
     }
   });
 

@@ -236,6 +236,145 @@ describe('cancelExecution', () => {
   });
 });
 
+const BATCH = `id status onFailure currentStage stageCount submittedBy submittedAt finishedAt total succeeded failed cancelled
+  stages { stage total waiting pending running succeeded failed cancelled }
+  executions { token procedure status stage startedAt finishedAt batch { id } }`;
+
+function submitBatch(input: Record<string, unknown>, headers?: Record<string, string>) {
+  return t.gql(`mutation($input: SubmitBatchInput!) { submitBatch(input: $input) { batch { ${BATCH} } } }`, { input }, headers);
+}
+
+describe('batches and monitoring', () => {
+  it('submitBatch runs stages in order; batch(id) reports stages and executions; batchCompleted fires once', async () => {
+    const { status, body } = await submitBatch(
+      {
+        stages: [
+          [
+            { procedure: 'demo.sleep', arguments: { seconds: 0.4 } },
+            { procedure: 'demo.sleep', arguments: { seconds: 0.4 } },
+          ],
+          [{ procedure: 'demo.add', arguments: { a: 2, b: 3 } }],
+        ],
+      },
+      { 'x-asyncproc-user': 'batch-user' },
+    );
+    assert.equal(status, 200, JSON.stringify(body));
+    const submitted = body.data.submitBatch.batch;
+    assert.match(submitted.id, /^[0-9a-f-]{36}$/);
+    assert.equal(submitted.status, 'RUNNING');
+    assert.equal(submitted.onFailure, 'CANCEL');
+    assert.equal(submitted.submittedBy, 'batch-user');
+    assert.deepEqual([submitted.stageCount, submitted.currentStage, submitted.total], [2, 1, 3]);
+    assert.deepEqual(submitted.executions.map((e: any) => [e.stage, e.batch.id]), [
+      [1, submitted.id],
+      [1, submitted.id],
+      [2, submitted.id],
+    ]);
+    assert.equal(submitted.executions[2].status, 'WAITING', 'stage 2 is held');
+
+    const query = `subscription($id: ID!) { batchCompleted(id: $id) { id status finishedAt succeeded } }`;
+    const live = await collect(t.ws().iterate({ query, variables: { id: submitted.id } }));
+    assert.equal(live.length, 1, 'one event, then the stream ends');
+    assert.equal((live[0].data as any).batchCompleted.status, 'SUCCEEDED');
+    assert.equal((live[0].data as any).batchCompleted.succeeded, 3);
+
+    const { body: read } = await t.gql(`query($id: ID!) { batch(id: $id) { ${BATCH} } }`, { id: submitted.id });
+    const batch = read.data.batch;
+    assert.equal(batch.status, 'SUCCEEDED');
+    assert.equal(batch.currentStage, 2);
+    assert.deepEqual(batch.stages.map((s: any) => [s.stage, s.total, s.succeeded]), [
+      [1, 2, 2],
+      [2, 1, 1],
+    ]);
+    const stageOneEnd = Math.max(...batch.executions.filter((e: any) => e.stage === 1).map((e: any) => Date.parse(e.finishedAt)));
+    assert.ok(Date.parse(batch.executions[2].startedAt) >= stageOneEnd, 'stage 2 started after stage 1 ended');
+
+    // a batch that ended before the subscription still delivers (graphql-ws and SSE)
+    for (const client of [t.ws(), t.sse()]) {
+      const late = await collect(client.iterate({ query, variables: { id: submitted.id } }));
+      assert.deepEqual(late.map((r) => (r.data as any).batchCompleted.status), ['SUCCEEDED']);
+    }
+  });
+
+  it('a failing stage cancels the rest; CONTINUE runs them; subscribers hear the end', async () => {
+    const stages = [[{ procedure: 'demo.fail', arguments: { message: 'stage one' } }], [{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }]];
+    const cancelled = (await submitBatch({ stages })).body.data.submitBatch.batch;
+    const continued = (await submitBatch({ stages, onFailure: 'CONTINUE' })).body.data.submitBatch.batch;
+    const query = `subscription($id: ID!) { batchCompleted(id: $id) { status executions { stage status } } }`;
+    const [a, b] = await Promise.all([cancelled, continued].map((batch) => collect(t.sse().iterate({ query, variables: { id: batch.id } }))));
+    assert.deepEqual((a[0].data as any).batchCompleted, {
+      status: 'FAILED',
+      executions: [
+        { stage: 1, status: 'FAILED' },
+        { stage: 2, status: 'CANCELLED' },
+      ],
+    });
+    assert.deepEqual((b[0].data as any).batchCompleted, {
+      status: 'FAILED',
+      executions: [
+        { stage: 1, status: 'FAILED' },
+        { stage: 2, status: 'SUCCEEDED' },
+      ],
+    });
+  });
+
+  it('submitBatch refuses bad input as a whole, with its code', async () => {
+    const mutation = (input: Record<string, unknown>) => () => submitBatch(input);
+    await expectCode('INVALID_ARGUMENTS', mutation({ stages: [[{ procedure: 'demo.record', arguments: { tag: 'never' } }], [{ procedure: 'demo.add', arguments: { a: 'x', b: 1 } }]] }));
+    await expectCode('UNKNOWN_PROCEDURE', mutation({ stages: [[{ procedure: 'demo.record', arguments: { tag: 'never' } }], [{ procedure: 'demo.nope' }]] }));
+    await expectCode('UNKNOWN_QUEUE', mutation({ stages: [[{ procedure: 'demo.record', arguments: { tag: 'never' }, queue: 'nowhere' }]] }));
+    await expectCode('BAD_USER_INPUT', mutation({ stages: [] }));
+    await expectCode('BAD_USER_INPUT', mutation({ stages: [[{ procedure: 'demo.record', arguments: { tag: 'never' } }], []] }));
+    const six = Array.from({ length: 3 }, () => ({ procedure: 'demo.record', arguments: { tag: 'never' } }));
+    await expectCode('PAYLOAD_TOO_LARGE', mutation({ stages: [six, six] }));
+    const error = await expectCode(
+      'GRAPHQL_VALIDATION_FAILED',
+      () => t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }]], onFailure: SOMETIMES }) { batch { id } } }`),
+      400,
+    );
+    assert.match(error.message, /SOMETIMES/);
+  });
+
+  it('batch(id): null for an unknown id, BAD_USER_INPUT for a malformed one; batchCompleted: NOT_FOUND and BAD_USER_INPUT', async () => {
+    const unknown = '00000000-0000-4000-8000-000000000000';
+    assert.equal((await t.gql(`query($id: ID!) { batch(id: $id) { id } }`, { id: unknown })).body.data.batch, null);
+    await expectCode('BAD_USER_INPUT', () => t.gql(`{ batch(id: "not-a-uuid") { id } }`));
+    for (const [id, code] of [
+      [unknown, 'NOT_FOUND'],
+      ['nope', 'BAD_USER_INPUT'],
+    ]) {
+      const results = await collect(t.ws().iterate({ query: `subscription($id: ID!) { batchCompleted(id: $id) { id } }`, variables: { id } })).catch(
+        (errors) => [{ errors }],
+      );
+      assert.equal((results[0] as any).errors[0].extensions.code, code, JSON.stringify(results));
+    }
+    const { body } = await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 } });
+    const token = body.data.invoke.execution.token;
+    const single = await t.gql(`query($t: ID!) { execution(token: $t) { stage batch { id } } }`, { t: token });
+    assert.deepEqual(single.body.data.execution, { stage: null, batch: null }, 'a call on its own has no batch');
+  });
+
+  it('running lists what runs now with elapsed time; queues report recent outcomes', async () => {
+    const queue = `mon-${Date.now()}`;
+    await t.gql(`mutation($q: String!) { configureQueue(input: { name: $q, concurrency: 2 }) { queue { name } } }`, { q: queue });
+    const slow = (await invoke({ procedure: 'demo.sleep', arguments: { seconds: 1.5 }, queue })).body.data.invoke.execution.token;
+    await waitFor(async () => (await t.gql(`{ execution(token: "${slow}") { status } }`)).body.data.execution.status === 'RUNNING');
+    const { body } = await t.gql(`query($q: String) { running(queue: $q) { elapsedMs execution { token worker sessionId startedAt } } }`, { q: queue });
+    assert.equal(body.data.running.length, 1);
+    assert.equal(body.data.running[0].execution.token, slow);
+    assert.ok(body.data.running[0].execution.worker && body.data.running[0].execution.sessionId);
+    assert.ok(body.data.running[0].elapsedMs >= 0 && body.data.running[0].elapsedMs < 10_000);
+    const failing = (await invoke({ procedure: 'demo.fail', arguments: { message: 'counted' }, queue })).body.data.invoke.execution.token;
+    await finished(slow);
+    await finished(failing);
+    const queues = await t.gql(`{ queues { name pending running recentSeconds recent { succeeded failed cancelled } } }`);
+    const mine = queues.body.data.queues.find((q: any) => q.name === queue);
+    assert.deepEqual(mine, { name: queue, pending: 0, running: 0, recentSeconds: 3600, recent: { succeeded: 1, failed: 1, cancelled: 0 } });
+    await expectCode('BAD_USER_INPUT', () => t.gql(`{ queues(recentSeconds: 0) { name } }`));
+    await expectCode('BAD_USER_INPUT', () => t.gql(`{ running(first: 0) { elapsedMs } }`));
+  });
+});
+
 describe('subscriptions', () => {
   it('executionCompleted over graphql-ws: one event when it finishes, then the stream ends', async () => {
     const { body } = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 0.5 } });

@@ -174,4 +174,39 @@ describe('retention', () => {
     assert.equal(await engine.getExecution(done.token), null);
     assert.equal((await engine.getExecution(pending))?.status, 'WAITING');
   });
+
+  it('purges a batch with all its executions once the batch has ended, never a part of it', async () => {
+    const batch = await engine.submitBatch([[{ procedure: 'demo.noop', arguments: {} }], [{ procedure: 'demo.noop', arguments: {} }]]);
+    await waitFor(async () => (await engine.getBatch(batch.id))?.status === 'SUCCEEDED');
+    const [first] = await engine.getBatchExecutions(batch.id);
+    // its first execution is old enough, the batch is not: nothing of it goes
+    await sql.query(`update asyncproc.executions set finished_at = now() - interval '8 days' where id = $1`, [first.id]);
+    assert.equal((await sql.query(`select asyncproc.purge(interval '7 days') as n`)).rows[0].n, 0);
+    assert.equal((await engine.getBatchExecutions(batch.id)).length, 2);
+    await sql.query(`update asyncproc.executions set finished_at = now() - interval '8 days' where batch_id = $1`, [batch.id]);
+    await sql.query(`update asyncproc.batches set finished_at = now() - interval '8 days' where id = $1`, [batch.id]);
+    assert.equal((await sql.query(`select asyncproc.purge(interval '7 days') as n`)).rows[0].n, 2);
+    assert.equal(await engine.getBatch(batch.id), null, 'the batch row goes with its executions');
+  });
+});
+
+describe('SQL interface for batches', () => {
+  it('asyncproc.invoke_batch is part of the caller transaction and returns the batch id', async () => {
+    const stages = JSON.stringify([[{ procedure: 'demo.record', arguments: { tag: 'sql-batch' } }], [{ procedure: 'demo.record', arguments: { tag: 'sql-batch' } }]]);
+    await sql.query('begin');
+    const rolledBack = (await sql.query('select asyncproc.invoke_batch($1::jsonb) as id', [stages])).rows[0].id;
+    await sql.query('rollback');
+    assert.equal(await engine.getBatch(rolledBack), null);
+    await sql.query('begin');
+    const id = (await sql.query(`select asyncproc.invoke_batch($1::jsonb, 'CONTINUE') as id`, [stages])).rows[0].id;
+    await sql.query('commit');
+    const done = await waitFor(async () => {
+      const batch = await engine.getBatch(id);
+      return batch?.status === 'SUCCEEDED' ? batch : null;
+    });
+    assert.equal(done.onFailure, 'CONTINUE');
+    assert.equal((await sql.query(`select count(*)::int as n from demo.ledger where tag = 'sql-batch'`)).rows[0].n, 2);
+    await assert.rejects(sql.query(`select asyncproc.invoke_batch('[[]]')`), (e: any) => e.code === 'AP004');
+    await assert.rejects(sql.query(`select asyncproc.invoke_batch('[[{"procedure": "demo.noop"}]]', 'SOMETIMES')`), (e: any) => e.code === 'AP004');
+  });
 });

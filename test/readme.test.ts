@@ -11,6 +11,7 @@ const examples = [...readme.matchAll(/```graphql\n([\s\S]*?)```/g)].map((m) => m
 let cluster: TestCluster;
 let t: TestApp;
 let token: string;
+let batchId: string;
 
 before(async () => {
   cluster = await startTestCluster();
@@ -18,6 +19,8 @@ before(async () => {
   const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`);
   token = body.data.invoke.execution.token;
   await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'SUCCEEDED');
+  const batch = await t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }], [{ procedure: "demo.noop" }]] }) { batch { id } } }`);
+  batchId = batch.body.data.submitBatch.batch.id;
 });
 after(async () => {
   await t?.stop();
@@ -34,7 +37,7 @@ describe('README examples', () => {
   for (const [i, example] of examples.entries()) {
     const name = example.trim().split('\n')[0];
     it(`example ${i + 1}: ${name}`, async () => {
-      const query = example.replaceAll('PUT-A-TOKEN-HERE', token);
+      const query = example.replaceAll('PUT-A-TOKEN-HERE', token).replaceAll('PUT-A-BATCH-ID-HERE', batchId);
       if (/^\s*subscription/.test(query)) {
         const events = collect(t.ws().iterate({ query }), 1);
         // a live stream needs something to happen once it is open
