@@ -122,6 +122,21 @@ async function scripts(): Promise<Array<{ file: string; text: string }>> {
   return Promise.all(files.map(async (file) => ({ file, text: await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8') })));
 }
 
+/**
+ * The procedures as a migrated database has them: each name's last CREATE [OR ALTER]
+ * PROCEDURE, in migration order (a landed script never changes; later ones alter).
+ */
+async function currentProcedures(): Promise<Map<string, { file: string; text: string }>> {
+  const found = new Map<string, { file: string; text: string }>();
+  for (const { file, text } of await scripts()) {
+    for (const batch of splitBatches(text)) {
+      const name = /^\s*CREATE\s+(?:OR\s+ALTER\s+)?PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
+      if (name) found.set(name, { file, text: batch.text });
+    }
+  }
+  return found;
+}
+
 describe('mssql: T-SQL rules checked without a server', () => {
   it('ends the statement before every THROW, SEND, RECEIVE and WAITFOR (RECEIVE) with a semicolon', async () => {
     // THROW, SEND and RECEIVE docs: "the preceding statement must be terminated with a semicolon"
@@ -143,9 +158,14 @@ describe('mssql: T-SQL rules checked without a server', () => {
 
   it('sets the SET options xml methods need in every procedure that activation runs', async () => {
     // Internal Activation Context: the session has "the default options for the database"
-    const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
-    const procedures = splitBatches(text).filter((b) => /^\s*CREATE\s+PROCEDURE/im.test(codeOnly(b.text)));
-    assert.ok(procedures.length >= 3);
+    const current = await currentProcedures();
+    const { text: activatedScript } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
+    const names = splitBatches(activatedScript)
+      .map((b) => /^\s*CREATE\s+PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(b.text))?.[1])
+      .filter((name): name is string => Boolean(name));
+    // as they are now (a later script may alter them), and the settle they all call
+    const procedures = [...names, 'usp_AsyncExecBatchSettle'].map((name) => current.get(name)!);
+    assert.ok(procedures.length >= 4);
     for (const batch of procedures) {
       for (const option of ['ANSI_WARNINGS ON', 'ANSI_PADDING ON', 'ARITHABORT ON', 'CONCAT_NULL_YIELDS_NULL ON', 'NUMERIC_ROUNDABORT OFF']) {
         assert.match(batch.text, new RegExp(`SET ${option};`), `${batch.text.match(/CREATE PROCEDURE (\S+)/)?.[1]}: SET ${option}`);
@@ -382,8 +402,7 @@ describe('mssql: queues', () => {
   });
 
   it('makes readers above a lowered limit return (ALTER QUEUE does not stop running readers)', async () => {
-    const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
-    const reader = splitBatches(text).find((b) => /CREATE PROCEDURE asyncexec\.usp_AsyncExecActivated\b/.test(b.text))!;
+    const reader = (await currentProcedures()).get('usp_AsyncExecActivated')!;
     const code = codeOnly(reader.text);
     const loop = code.indexOf('WHILE 1 = 1');
     const check = code.indexOf('SELECT concurrency FROM asyncexec.AsyncExecQueues WHERE name = @queue) < @concurrency');
@@ -478,8 +497,8 @@ describe('mssql: execution log', () => {
     const tables = codeOnly(all.find((s) => s.file.startsWith('0001_'))!.text);
     assert.match(tables, /CREATE TABLE asyncexec\.AsyncExecAttempts[\s\S]*?PRIMARY KEY CLUSTERED \(execution_id, number\)/);
     assert.match(tables, /REFERENCES asyncexec\.AsyncExecResults \(id\) ON DELETE CASCADE/, 'purged with its call');
-    const activated = splitBatches(all.find((s) => s.file.startsWith('0005_'))!.text).map((b) => b.text);
-    const source = (name: string) => activated.find((b) => new RegExp(`CREATE PROCEDURE asyncexec\\.${name}\\b`).test(b))!;
+    const current = await currentProcedures();
+    const source = (name: string) => current.get(name)!.text;
     const proc = (name: string) => codeOnly(source(name));
     // every procedure that moves a call's status writes the log too
     for (const name of ['usp_AsyncExecRun', 'usp_AsyncExecAbandon', 'usp_AsyncExecActivated']) {
@@ -601,8 +620,8 @@ describe('mssql: cancelExecution', () => {
 
   it('keeps the lock order and the KILL rules in the T-SQL', async () => {
     const { text } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
-    const batches = splitBatches(text).map((b) => b.text);
-    const proc = (name: string) => codeOnly(batches.find((b) => new RegExp(`CREATE PROCEDURE asyncexec\\.${name}\\b`).test(b))!);
+    const current = await currentProcedures();
+    const proc = (name: string) => codeOnly(current.get(name)!.text);
     // the application lock names stay within the 32 characters sys.dm_tran_locks shows
     assert.ok(`asyncexec/${'9'.repeat(19)}`.length <= 32);
     assert.doesNotMatch(codeOnly(text), /asyncexec\/execution\//);
@@ -639,7 +658,7 @@ describe('mssql: batches (T-SQL)', () => {
     const found = new Map<string, { file: string; code: string; sql: string; text: string }>();
     for (const { file, text } of await scripts()) {
       for (const batch of splitBatches(text)) {
-        const name = /^\s*CREATE\s+PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
+        const name = /^\s*CREATE\s+(?:OR\s+ALTER\s+)?PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
         if (name) found.set(name, { file, code: codeOnly(batch.text), sql: withoutComments(batch.text), text: batch.text });
       }
     }
@@ -769,13 +788,31 @@ describe('mssql: batches (T-SQL)', () => {
     assert.match(code, /@batchId, @stage, @held\);/);
   });
 
-  it('purges members of finished batches only, then the batches left empty', async () => {
+  it('purges the members of a batch only with it, once it ended before the cutoff, then the batches left empty', async () => {
     const { sql: code } = (await procedures()).get('usp_AsyncExecPurge')!;
-    assert.match(code, /NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecBatches AS b WHERE b\.id = e\.batch_id AND b\.status = 'RUNNING'\)/);
+    // as asyncproc.purge on PostgreSQL: not merely "the batch is not RUNNING", which would take
+    // old members of a batch that ended a minute ago and leave it reporting part of its calls
+    assert.match(
+      code,
+      /AND \(e\.batch_id IS NULL\s+OR EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecBatches AS b WHERE b\.id = e\.batch_id AND b\.finished_at < @cutoff\)\)/,
+    );
+    assert.doesNotMatch(code, /b\.status = 'RUNNING'/);
     const executions = code.indexOf('DELETE TOP (@batchSize) e');
     const batches = code.indexOf('DELETE TOP (@batchSize) b');
     assert.ok(executions > 0 && batches > executions);
     assert.match(code.slice(batches), /b\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\)\s+AND NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecResults AS e WHERE e\.batch_id = b\.id\)/);
+  });
+  it('clears held on a member that is cancelled, by usp_AsyncExecCancel or by the settle (as PostgreSQL does)', async () => {
+    const all = await procedures();
+    assert.match(all.get('usp_AsyncExecCancel')!.sql, /SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0\s+WHERE id = @id AND status IN \('WAITING', 'PENDING'\);/);
+    assert.match(all.get('usp_AsyncExecBatchSettle')!.sql, /SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,/);
+  });
+
+  it('stores the failure policy as the service reads it (upper case, no trailing blanks) before checking it', async () => {
+    const { sql: code } = (await procedures()).get('usp_AsyncExecBatchCreate')!;
+    const normalised = code.indexOf("SET @onFailure = UPPER(RTRIM(COALESCE(@onFailure, 'CANCEL')));");
+    assert.ok(normalised > 0, 'normalised');
+    assert.ok(normalised < code.indexOf("IF @onFailure NOT IN ("), 'before the check');
   });
 });
 

@@ -71,16 +71,10 @@ CREATE TABLE asyncexec.AsyncExecResults (
     worker            nvarchar(128)    NULL,
     initiator_handle  uniqueidentifier NULL,   -- the invoke side of the call's dialog
     target_handle     uniqueidentifier NULL,   -- the activated side, set when the request is received
-    -- Batches (asyncexec.AsyncExecBatches, 0007_batches.sql): the batch and the 1-based stage
-    -- of a member. A member of a stage not yet released is held: WAITING, with no dialog and
-    -- no message yet; usp_AsyncExecBatchSettle enqueues it when its stage is released.
-    batch_id          uniqueidentifier NULL,
+    batch_id          uniqueidentifier NULL,   -- reserved for batches and stages
     stage             int              NULL,
-    held              bit              NOT NULL CONSTRAINT DF_AsyncExecResults_held DEFAULT (0),
     row_version       rowversion       NOT NULL,
     CONSTRAINT CK_AsyncExecResults_status CHECK (status IN ('WAITING', 'PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED')),
-    CONSTRAINT CK_AsyncExecResults_batch CHECK ((batch_id IS NULL AND stage IS NULL AND held = 0)
-                                                OR (batch_id IS NOT NULL AND stage >= 1)),
     CONSTRAINT CK_AsyncExecResults_arguments CHECK (ISJSON(arguments) = 1),
     CONSTRAINT CK_AsyncExecResults_result CHECK (result IS NULL OR ISJSON(result) = 1)
 );
@@ -126,8 +120,7 @@ CREATE INDEX IX_AsyncExecResults_queue_status ON asyncexec.AsyncExecResults (que
 CREATE INDEX IX_AsyncExecResults_procedure ON asyncexec.AsyncExecResults ([procedure], id);
 CREATE INDEX IX_AsyncExecResults_status ON asyncexec.AsyncExecResults (status, id);
 CREATE INDEX IX_AsyncExecResults_target_handle ON asyncexec.AsyncExecResults (target_handle);
--- purge, and the recent outcome counts of listQueues (covered: no lookups)
-CREATE INDEX IX_AsyncExecResults_finished ON asyncexec.AsyncExecResults (finished_at) INCLUDE (queue, status);
+CREATE INDEX IX_AsyncExecResults_finished ON asyncexec.AsyncExecResults (finished_at);
 GO
 
 -- Failures of the machinery itself (never of a call: those go to AsyncExecResults).

@@ -4,21 +4,12 @@
 --   50001 UNKNOWN_PROCEDURE  the procedure is not registered, or no longer exists
 --   50002 INVALID_ARGUMENTS  arguments are not a JSON object, or do not fit the signature
 --   50003 UNKNOWN_QUEUE      the queue does not exist
---   50005 BAD_USER_INPUT     @batchId/@stage: no such batch, the batch has ended, the stage is
---                            outside the batch or already passed, or no transaction is open
 -- Every check runs before the first write, so a refusal leaves the caller's
 -- transaction as it was (unless the caller runs with XACT_ABORT ON, where any
 -- error dooms its transaction).
 --
 -- EXECUTE AS OWNER: callers need only EXECUTE on this procedure, not SEND on the
 -- services or SELECT on the catalog; ORIGINAL_LOGIN() still names the real caller.
---
--- Batches (0007_batches.sql): with @batchId and @stage the call joins a batch made by
--- usp_AsyncExecBatchCreate in the same transaction. A call of the stage now running is
--- enqueued as usual; a call of a later stage is held: inserted WAITING with held = 1 and
--- no dialog or message, which usp_AsyncExecBatchSettle creates when its stage is released.
--- The batch row is read WITH (UPDLOCK, HOLDLOCK): the stage cannot be released under us.
--- (AsyncExecBatches is created by a later script: deferred name resolution allows it.)
 CREATE PROCEDURE asyncexec.usp_AsyncExecInvoke
     @procedure   nvarchar(261),
     @arguments   nvarchar(max) = N'{}',
@@ -27,16 +18,13 @@ CREATE PROCEDURE asyncexec.usp_AsyncExecInvoke
     @maxAttempts int = NULL,
     @submittedBy nvarchar(256) = NULL,
     @token       uniqueidentifier = NULL OUTPUT,
-    @id          bigint = NULL OUTPUT,
-    @batchId     uniqueidentifier = NULL,  -- the batch it belongs to (usp_AsyncExecBatchCreate)
-    @stage       int = NULL                -- its 1-based stage in that batch
+    @id          bigint = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
     DECLARE @message nvarchar(2048), @problems nvarchar(max), @registered nvarchar(261), @registeredQueue nvarchar(100),
-            @registeredAttempts int, @object int, @service nvarchar(256), @status varchar(10),
-            @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0;
+            @registeredAttempts int, @object int, @service nvarchar(256), @status varchar(10);
     SET @arguments = COALESCE(@arguments, N'{}');
 
     SELECT @registered = r.name, @registeredQueue = r.queue, @registeredAttempts = r.max_attempts,
@@ -148,32 +136,7 @@ BEGIN
         THROW 50003, @message, 1;
     END;
 
-    IF @batchId IS NOT NULL OR @stage IS NOT NULL
-    BEGIN
-        -- The batch lock must last until the call is written and committed: outside a
-        -- transaction it would end with this statement, and a settle could release the
-        -- stage before a call held for it is inserted (it would stay held for ever).
-        IF @@TRANCOUNT = 0
-        BEGIN
-            SET @message = N'invoke the calls of a batch inside a transaction (the one that creates the batch)';
-            THROW 50005, @message, 1;
-        END;
-        SELECT @batchStatus = status, @currentStage = current_stage, @stageCount = stage_count
-        FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
-        WHERE id = @batchId;
-        IF @batchStatus IS NULL OR @batchStatus <> 'RUNNING' OR @stage IS NULL OR @stage < @currentStage OR @stage > @stageCount
-        BEGIN
-            SET @message = CONCAT(N'cannot add a call to stage ', COALESCE(CAST(@stage AS nvarchar(11)), N'(none)'), N' of batch ',
-                                  COALESCE(LOWER(CONVERT(nvarchar(36), @batchId)), N'(none)'), N': ',
-                                  CASE WHEN @batchStatus IS NULL THEN N'no such batch'
-                                       WHEN @batchStatus <> 'RUNNING' THEN N'the batch has ended'
-                                       ELSE CONCAT(N'its stages ', @currentStage, N' to ', @stageCount, N' are open') END);
-            THROW 50005, @message, 1;
-        END;
-        SET @held = CASE WHEN @stage > @currentStage THEN 1 ELSE 0 END;
-    END;
-
-    SET @status = CASE WHEN @held = 1 OR @runAt > SYSUTCDATETIME() THEN 'WAITING' ELSE 'PENDING' END;
+    SET @status = CASE WHEN @runAt > SYSUTCDATETIME() THEN 'WAITING' ELSE 'PENDING' END;
 
     -- Writes: under a savepoint inside the caller's transaction, or in our own.
     DECLARE @trancount int = @@TRANCOUNT, @h uniqueidentifier, @body xml;
@@ -183,27 +146,20 @@ BEGIN
         SAVE TRANSACTION usp_AsyncExecInvoke;
     BEGIN TRY
         SET @token = NEWID();
-        IF @held = 0
-        BEGIN
-            BEGIN DIALOG CONVERSATION @h
-                FROM SERVICE [asyncexec/NotifyService]
-                TO SERVICE @service, 'CURRENT DATABASE'
-                ON CONTRACT [asyncexec/Contract]
-                WITH ENCRYPTION = OFF;
-        END;
+        BEGIN DIALOG CONVERSATION @h
+            FROM SERVICE [asyncexec/NotifyService]
+            TO SERVICE @service, 'CURRENT DATABASE'
+            ON CONTRACT [asyncexec/Contract]
+            WITH ENCRYPTION = OFF;
         INSERT asyncexec.AsyncExecResults
-            (token, [procedure], arguments, queue, status, run_at, max_attempts, submitted_by, submitted_login, initiator_handle,
-             batch_id, stage, held)
+            (token, [procedure], arguments, queue, status, run_at, max_attempts, submitted_by, submitted_login, initiator_handle)
         VALUES
             (@token, @registered, @arguments, @queue, @status, @runAt, COALESCE(@maxAttempts, @registeredAttempts),
-             @submittedBy, ORIGINAL_LOGIN(), @h, @batchId, @stage, @held);
+             @submittedBy, ORIGINAL_LOGIN(), @h);
         SET @id = SCOPE_IDENTITY();
-        IF @held = 0
-        BEGIN
-            SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
-            -- Sent now even when WAITING: the reader arms the dialog's timer for run_at.
-            SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
-        END;
+        SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
+        -- Sent now even when WAITING: the reader arms the dialog's timer for run_at.
+        SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
         IF @trancount = 0
             COMMIT TRANSACTION;
     END TRY

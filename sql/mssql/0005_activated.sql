@@ -20,14 +20,6 @@
 -- finds the call RUNNING with its lock free, an EndDialog/Error on a call nobody runs, and
 -- usp_AsyncExecAbandon close the running attempt as LOST, and so does usp_AsyncExecSettleCancel
 -- for a run killed by a cancel (see "Cancelling a call" below).
---
--- Batches (0007_batches.sql, docs/mssql.md "Batches"): every transaction here that moves a
--- member of a batch (batch_id set) to SUCCEEDED, FAILED or CANCELLED calls
--- usp_AsyncExecBatchSettle in that same transaction, which releases the next stage or
--- cancels the rest of the batch. To keep lock waits one-directional, each of them locks the
--- batch row (UPDLOCK, HOLDLOCK) BEFORE it touches the member's row: nobody ever holds an
--- uncommitted change to a member while waiting for its batch. (The settle procedure is
--- created by a later script; EXEC of a missing procedure only warns at CREATE time.)
 
 -- Errors recorded on calls: 50001 the procedure disappeared, 50010 the call's session
 -- was lost five times, 50011 the call's dialog ended before the call finished, 50012 the
@@ -60,11 +52,10 @@ BEGIN
             @types nvarchar(max), @sql nvarchar(max), @result nvarchar(max), @failed bit = 0,
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
             @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
-            @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @batchId uniqueidentifier,
-            @batchStatus varchar(10);
+            @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id);
     DECLARE @changed TABLE (v binary(8));
 
-    SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id,
+    SELECT @args = e.arguments, @registered = e.[procedure],
            @target = CASE WHEN OBJECT_ID(QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name), N'P') IS NOT NULL
                           THEN QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name) END
     FROM asyncexec.AsyncExecResults AS e
@@ -160,9 +151,6 @@ BEGIN
                 COMMIT TRANSACTION;
         END;
 
-        -- A batch member locks its batch before its own row (lock order: see the header).
-        IF @batchId IS NOT NULL
-            SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK) WHERE id = @batchId;
         -- UPDLOCK: the latest committed row (usp_AsyncExecCancel may have just asked for a
         -- cancel), kept until we commit. A call whose cancel was asked for while it ran and
         -- that failed on its own is not retried: it ends CANCELLED (its attempt FAILED).
@@ -195,10 +183,6 @@ BEGIN
                    error_number = @errNumber, error_severity = @errSeverity, error_state = @errState,
                    error_line = @errLine, error_procedure = @errProcedure, error_message = @errMessage
              WHERE execution_id = @id AND status = 'RUNNING';
-            -- the outcome of a batch member may complete its stage (or fail its batch): settle
-            -- it in this transaction (also after a doomed call, in the fresh transaction above)
-            IF @batchId IS NOT NULL AND @status <> 'WAITING'
-                EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
             SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
             SET @reply = (SELECT @id AS [@id], @status AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
             SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
@@ -244,7 +228,7 @@ BEGIN
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @resource nvarchar(255), @cursor varchar(18), @reply xml,
-            @now datetime2(3), @batchId uniqueidentifier, @batchStatus varchar(10);
+            @now datetime2(3);
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @receive = N'RECEIVE TOP (1) @x = conversation_handle FROM asyncexec.' + QUOTENAME(queue_object)
@@ -253,7 +237,6 @@ BEGIN
     WHERE name = @queue;
     IF @id IS NULL
         SELECT @id = id FROM asyncexec.AsyncExecResults WHERE target_handle = @h;
-    SELECT @batchId = batch_id FROM asyncexec.AsyncExecResults WHERE id = @id;
 
     BEGIN TRY
         BEGIN TRANSACTION;
@@ -271,9 +254,6 @@ BEGIN
                 ROLLBACK TRANSACTION;
                 RETURN;
             END;
-            -- a batch member locks its batch before its own row (see the header)
-            IF @batchId IS NOT NULL
-                SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK) WHERE id = @batchId;
             SET @now = SYSUTCDATETIME();
             UPDATE asyncexec.AsyncExecResults
                SET status = 'FAILED', finished_at = @now, error_number = 50012, error_severity = 16, error_state = 1,
@@ -288,8 +268,6 @@ BEGIN
         END;
         IF EXISTS (SELECT 1 FROM @changed)
         BEGIN
-            IF @batchId IS NOT NULL
-                EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
             SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
             SET @reply = (SELECT @id AS [@id], 'FAILED' AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
             SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
@@ -331,8 +309,7 @@ BEGIN
     DECLARE @receive nvarchar(max), @h uniqueidentifier, @type sysname, @body varbinary(max), @id bigint,
             @status varchar(10), @runAt datetime2(3), @recoveries int, @cancel bit, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
-            @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int, @batchId uniqueidentifier,
-            @batchStatus varchar(10), @rows int;
+            @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int;
     DECLARE @changed TABLE (v binary(8), status varchar(10));
 
     SELECT @receive = N'WAITFOR (RECEIVE TOP (1) @h = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
@@ -356,8 +333,7 @@ BEGIN
         IF (SELECT concurrency FROM asyncexec.AsyncExecQueues WHERE name = @queue) < @concurrency
             RETURN;
         SELECT @h = NULL, @type = NULL, @body = NULL, @id = NULL, @status = NULL, @run = 0, @end = 0, @timer = NULL,
-               @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL, @newStatus = NULL, @cancel = NULL,
-               @batchId = NULL;
+               @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL, @newStatus = NULL, @cancel = NULL;
         DELETE @changed;
         BEGIN TRY
             BEGIN TRANSACTION;
@@ -381,7 +357,7 @@ BEGIN
             ELSE
                 SELECT @id = id FROM asyncexec.AsyncExecResults WHERE target_handle = @h;
 
-            SELECT @status = e.status, @runAt = e.run_at, @recoveries = e.recoveries, @batchId = e.batch_id,
+            SELECT @status = e.status, @runAt = e.run_at, @recoveries = e.recoveries,
                    @lease = 60 + COALESCE(CEILING(r.timeout_ms / 1000.0), 0)
             FROM asyncexec.AsyncExecResults AS e
             LEFT JOIN asyncexec.AsyncExecProcedures AS r ON r.name = e.[procedure]
@@ -404,10 +380,6 @@ BEGIN
                     IF @lock >= 0
                     BEGIN
                         SET @locked = 1;
-                        -- a batch member locks its batch before its own row (see the header)
-                        IF @batchId IS NOT NULL
-                            SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
-                            WHERE id = @batchId;
                         SET @now = SYSUTCDATETIME();
                         UPDATE asyncexec.AsyncExecResults
                            SET status = 'FAILED', finished_at = @now, error_number = 50011, error_severity = 16, error_state = 1,
@@ -416,16 +388,11 @@ BEGIN
                         -- the status read above may be stale (usp_AsyncExecCancel): the UPDATE
                         -- checks the latest committed one
                         WHERE id = @id AND status IN ('PENDING', 'WAITING', 'RUNNING');
-                        SET @rows = @@ROWCOUNT;
-                        IF @rows > 0
-                        BEGIN
-                            -- RUNNING with its lock free: the session that ran it is gone
+                        -- RUNNING with its lock free: the session that ran it is gone
+                        IF @@ROWCOUNT > 0
                             UPDATE asyncexec.AsyncExecAttempts
                                SET status = 'LOST', finished_at = @now
                              WHERE execution_id = @id AND status = 'RUNNING';
-                            IF @batchId IS NOT NULL
-                                EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
-                        END;
                     END;
                 END;
                 SET @end = 1;
@@ -455,17 +422,10 @@ BEGIN
                 ELSE
                 BEGIN
                     SET @locked = 1;
-                    -- Only a call RUNNING before (its run lost) can end here (FAILED after five
-                    -- losses, CANCELLED after a cancel's kill): RUNNING is set and left only by
-                    -- holders of the conversation group, which is ours, so the status read above
-                    -- tells. A batch member then locks its batch before its row (see the header).
-                    IF @batchId IS NOT NULL AND @status = 'RUNNING'
-                        SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
-                        WHERE id = @batchId;
                     -- Read the call again, now that we hold its lock: usp_AsyncExecCancel cancels
-                    -- a WAITING or PENDING call holding this lock (not the conversation group), and
-                    -- usp_AsyncExecBatchSettle holding its row, so the status read above may be
-                    -- stale. UPDLOCK reads the latest committed row and keeps it until we commit.
+                    -- a WAITING or PENDING call holding this lock (not the conversation group), so
+                    -- the status read above may be stale. UPDLOCK reads the latest committed row
+                    -- and keeps it until we commit.
                     SELECT @status = status, @runAt = run_at, @recoveries = recoveries, @cancel = cancel_requested
                     FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
                     WHERE id = @id;
@@ -514,9 +474,6 @@ BEGIN
                             SELECT @id, COALESCE(MAX(a.number), 0) + 1, 'RUNNING', @now, @@SPID, CONCAT(N'session ', @@SPID)
                             FROM asyncexec.AsyncExecAttempts AS a
                             WHERE a.execution_id = @id;
-                        -- a batch member that ended here (FAILED or CANCELLED) settles its batch
-                        IF @batchId IS NOT NULL AND @newStatus IN ('FAILED', 'CANCELLED')
-                            EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
                         IF @newStatus = 'RUNNING'
                             SELECT @run = 1, @timer = @lease;   -- the lease: brings the call back if this session dies
                         ELSE
@@ -594,14 +551,10 @@ GO
 --      the listener's short RECEIVE transactions take);
 --   2. the call's application lock N'asyncexec/<id>': readers take it with a zero timeout
 --      (they never wait for it); only usp_AsyncExecCancel waits for it, holding nothing else;
---   3. a batch member's batch row (asyncexec.AsyncExecBatches, UPDLOCK, HOLDLOCK), taken by
---      whoever is about to end the member, and by usp_AsyncExecBatchSettle;
---   4. the call's row in asyncexec.AsyncExecResults.
+--   3. the call's row in asyncexec.AsyncExecResults.
 -- Every status change of a WAITING, PENDING or RUNNING call is made holding the call's
--- application lock, except usp_AsyncExecBatchSettle's (it cancels or releases other members
--- of a batch holding their rows only); a reader's claim reads the call again WITH (UPDLOCK)
--- after taking that lock, which waits for either, so a call cancelled while WAITING or
--- PENDING can never be started. A RUNNING call's lock is
+-- application lock, and a reader's claim reads the call again after taking that lock, so a
+-- call cancelled while WAITING or PENDING can never be started. A RUNNING call's lock is
 -- held by its reader for the whole run: its cancel is recorded in cancel_requested, the
 -- reader's session is killed (usp_AsyncExecKill, from the service, outside any
 -- transaction), and whoever next holds the lock records CANCELLED instead of running it.
@@ -630,11 +583,10 @@ BEGIN
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @message nvarchar(2048), @name nvarchar(60) = LOWER(CONVERT(nvarchar(36), @token)), @resource nvarchar(255),
-            @lock int, @wait int, @initiator uniqueidentifier, @state char(2), @body xml, @now datetime2(3),
-            @batchId uniqueidentifier, @batchStatus varchar(10);
+            @lock int, @wait int, @initiator uniqueidentifier, @state char(2), @body xml, @now datetime2(3);
     SELECT @id = NULL, @status = NULL;
 
-    SELECT @id = id, @status = status, @batchId = batch_id FROM asyncexec.AsyncExecResults WHERE token = @token;
+    SELECT @id = id, @status = status FROM asyncexec.AsyncExecResults WHERE token = @token;
     IF @id IS NULL
     BEGIN
         SET @message = CONCAT(N'execution ', @name, N' does not exist');
@@ -647,9 +599,6 @@ BEGIN
     BEGIN TRY
         BEGIN TRANSACTION;
         EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = @wait;
-        -- a batch member that may end here locks its batch before its own row (lock order above)
-        IF @batchId IS NOT NULL AND @lock >= 0
-            SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK) WHERE id = @batchId;
         -- UPDLOCK: the latest committed row (whatever the isolation level), kept until we end
         SELECT @status = status, @initiator = initiator_handle
         FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
@@ -733,9 +682,6 @@ BEGIN
                 VALUES (@id, @initiator, ERROR_NUMBER(), ERROR_MESSAGE());
             END CATCH;
         END;
-        -- a cancelled batch member may complete its stage, or (onFailure CANCEL) cancel its batch
-        IF @batchId IS NOT NULL
-            EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
         COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
@@ -820,11 +766,11 @@ BEGIN
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @h uniqueidentifier, @cancel bit, @lease int, @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @lock int,
-            @now datetime2(3), @cursor varchar(18), @reply xml, @batchId uniqueidentifier, @batchStatus varchar(10);
+            @now datetime2(3), @cursor varchar(18), @reply xml;
     DECLARE @changed TABLE (v binary(8));
     SET @status = NULL;
 
-    SELECT @status = e.status, @cancel = e.cancel_requested, @h = e.target_handle, @batchId = e.batch_id,
+    SELECT @status = e.status, @cancel = e.cancel_requested, @h = e.target_handle,
            @lease = 60 + COALESCE(CEILING(r.timeout_ms / 1000.0), 0)
     FROM asyncexec.AsyncExecResults AS e
     LEFT JOIN asyncexec.AsyncExecProcedures AS r ON r.name = e.[procedure]
@@ -842,9 +788,6 @@ BEGIN
         EXEC @lock = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
         IF @lock >= 0
         BEGIN
-            -- a batch member locks its batch before its own row (lock order above)
-            IF @batchId IS NOT NULL
-                SELECT @batchStatus = status FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK) WHERE id = @batchId;
             SET @now = SYSUTCDATETIME();
             UPDATE asyncexec.AsyncExecResults
                SET status = 'CANCELLED', finished_at = @now,
@@ -857,8 +800,6 @@ BEGIN
                 UPDATE asyncexec.AsyncExecAttempts
                    SET status = 'LOST', finished_at = @now
                  WHERE execution_id = @id AND status = 'RUNNING';
-                IF @batchId IS NOT NULL
-                    EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
                 SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
                 SET @reply = (SELECT @id AS [@id], 'CANCELLED' AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
                 SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);

@@ -36,9 +36,6 @@ GO
 -- Only terminal rows go: their dialogs are already ended on our side. Each call's
 -- attempts (asyncexec.AsyncExecAttempts) go in the same statement, through the
 -- ON DELETE CASCADE of FK_AsyncExecAttempts_execution: the log never outlives its call.
--- Members of a batch still RUNNING stay (its settle needs their outcomes to decide the
--- batch's own); a finished batch goes once none of its members is left, so batch rows
--- never outlive their calls either. (AsyncExecBatches comes with 0007_batches.sql.)
 CREATE PROCEDURE asyncexec.usp_AsyncExecPurge
     @olderThanSeconds int,
     @batchSize int = 5000
@@ -48,22 +45,10 @@ BEGIN
     DECLARE @cutoff datetime2(3) = DATEADD(second, -@olderThanSeconds, SYSUTCDATETIME()), @deleted int = 0, @n int = 1;
     WHILE @n > 0
     BEGIN
-        DELETE TOP (@batchSize) e
-        FROM asyncexec.AsyncExecResults AS e
-        WHERE e.finished_at < @cutoff AND e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-          AND NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecBatches AS b WHERE b.id = e.batch_id AND b.status = 'RUNNING');
+        DELETE TOP (@batchSize) FROM asyncexec.AsyncExecResults
+        WHERE finished_at < @cutoff AND status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
         SET @n = @@ROWCOUNT;
         SET @deleted += @n;
-    END;
-    SET @n = 1;
-    WHILE @n > 0
-    BEGIN
-        -- a batch finishes after its members, so they are older than the cutoff too
-        DELETE TOP (@batchSize) b
-        FROM asyncexec.AsyncExecBatches AS b
-        WHERE b.finished_at < @cutoff AND b.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
-          AND NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults AS e WHERE e.batch_id = b.id);
-        SET @n = @@ROWCOUNT;
     END;
     DELETE FROM asyncexec.AsyncExecErrors WHERE logged_at < @cutoff;
     SELECT @deleted AS deleted;
