@@ -303,6 +303,15 @@ export interface Engine<Tx = unknown> {
    */
   submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch>;
   getBatch(id: string): Promise<Batch | null>;
+  /**
+   * Cancel a whole batch: every execution not yet started ends CANCELLED (it never starts);
+   * every RUNNING one is cancelled as cancelExecution does (PostgreSQL: pg_cancel_backend;
+   * SQL Server: KILL only where allowed, else it runs to its end). The batch then ends
+   * CANCELLED (FAILED if an execution had failed). Resolves with the batch as it is then
+   * (after waiting a little for running executions to stop). NOT_FOUND for an unknown id,
+   * ALREADY_FINISHED for a batch that has ended.
+   */
+  cancelBatch(id: string): Promise<Batch>;
   /** The batch's executions, by stage then submission order. */
   getBatchExecutions(id: string): Promise<Execution[]>;
   /**

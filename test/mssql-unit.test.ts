@@ -8,9 +8,10 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
-import { EngineError, type Execution, type ExecutionStatus } from '../src/engine.js';
+import { EngineError, type Batch, type BatchStatus, type Execution, type ExecutionStatus } from '../src/engine.js';
 import { splitBatches } from '../src/engines/mssql/batches.js';
 import { runCancel, type CancelRequestStatus, type CancelSteps } from '../src/engines/mssql/cancel.js';
+import { cancelBatch, runCancelBatch, type CancelBatchOutcome, type CancelBatchSteps } from '../src/engines/mssql/cancelBatch.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
 import { checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
 import { listRunning, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
@@ -696,12 +697,14 @@ describe('mssql: batches (T-SQL)', () => {
       'usp_AsyncExecActivated',
       'usp_AsyncExecBatchSettle',
       'usp_AsyncExecCancel',
+      'usp_AsyncExecCancelBatch',
       'usp_AsyncExecRun',
       'usp_AsyncExecSettleCancel',
     ]);
     for (const name of changing.filter((n) => n !== 'usp_AsyncExecBatchSettle')) {
       const { code } = all.get(name)!;
-      assert.match(code, /@batchId = e?\.?batch_id|@batchId = batch_id/, `${name} reads the call's batch`);
+      // (usp_AsyncExecCancelBatch is given the batch: its members are found by it)
+      if (name !== 'usp_AsyncExecCancelBatch') assert.match(code, /@batchId = e?\.?batch_id|@batchId = batch_id/, `${name} reads the call's batch`);
       const updates = statusUpdates(code);
       updates.forEach((at, i) => {
         const previous = i === 0 ? 0 : updates[i - 1];
@@ -945,6 +948,276 @@ describe('mssql: monitoring', () => {
     const pool = { request: () => assert.fail('no request expected') } as unknown as sql.ConnectionPool;
     for (const bad of [-1, 1.5, Number.NaN]) {
       await assert.rejects(listRunning(pool, null, bad), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT');
+    }
+  });
+});
+
+describe('mssql: cancelBatch (T-SQL)', () => {
+  const BATCH_LOCK = 'FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)';
+  const SETTLE = 'EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;';
+  /** usp_AsyncExecCancelBatch as migrated: `code` without comments and strings, `sql` without comments. */
+  async function cancelBatchProcedure() {
+    const found = (await currentProcedures()).get('usp_AsyncExecCancelBatch');
+    assert.ok(found, 'some script creates usp_AsyncExecCancelBatch');
+    const sqlText = found.text.replace(/\/\*[\s\S]*?\*\//g, (m) => m.replace(/[^\n]/g, ' ')).replace(/--[^\n]*/g, (m) => ' '.repeat(m.length));
+    return { file: found.file, text: found.text, code: codeOnly(found.text), sql: sqlText };
+  }
+
+  it('lives in the new migration 0008 (landed scripts never change)', async () => {
+    const { file, code } = await cancelBatchProcedure();
+    assert.equal(file, '0008_cancel_batch.sql');
+    assert.match(code, /^\s*CREATE PROCEDURE asyncexec\.usp_AsyncExecCancelBatch\b/);
+  });
+
+  it('locks the batch row first, in its one transaction, and takes no application lock', async () => {
+    const { code, sql: text } = await cancelBatchProcedure();
+    const begin = code.indexOf('BEGIN TRANSACTION');
+    assert.ok(begin > 0);
+    assert.equal(code.indexOf('BEGIN TRANSACTION', begin + 1), -1, 'one transaction');
+    const lock = code.indexOf(BATCH_LOCK);
+    assert.ok(lock > begin, 'the batch row is locked inside the transaction');
+    const members = [...code.matchAll(/asyncexec\.AsyncExecResults/g)].map((m) => m.index!);
+    assert.ok(members.length >= 2);
+    for (const at of members) assert.ok(at > lock, `member rows (at ${at}) only after the batch row`);
+    assert.doesNotMatch(code, /sp_getapplock/, 'no per-call application lock while the batch row is held (lock order)');
+    // NOT_FOUND / FINISHED decided under the lock, before anything changes
+    const refused = text.search(/IF @status IS NULL OR @status <> 'RUNNING'\s+BEGIN\s+ROLLBACK TRANSACTION;/);
+    assert.ok(refused > lock && refused < members[0]);
+    assert.match(text, /SET @outcome = CASE WHEN @status IS NULL THEN 'NOT_FOUND' ELSE 'FINISHED' END;\s+RETURN;/);
+  });
+
+  it('cancels every member not yet started as the settle does, marks running ones, and settles before the commit', async () => {
+    const { code, sql: text } = await cancelBatchProcedure();
+    const cancel = text.search(/UPDATE asyncexec\.AsyncExecResults\s+SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,/);
+    assert.ok(cancel > 0);
+    assert.match(text, /error_message = N'cancelled with its batch'\s+OUTPUT inserted\.id, inserted\.initiator_handle INTO @cancelled/);
+    assert.match(text, /WHERE batch_id = @batchId AND status IN \('WAITING', 'PENDING'\);/, 'held or not: no condition on held');
+    // RUNNING members: only cancel_requested, their status is left to whoever ends them
+    assert.match(text, /SET cancel_requested = 1\s+WHERE batch_id = @batchId AND status = 'RUNNING' AND cancel_requested = 0;/);
+    // the wake-up request of usp_AsyncExecCancel, on an open initiator side, under a savepoint
+    assert.match(text, /IF @state IN \('SO', 'CO'\)[\s\S]*?SAVE TRANSACTION usp_AsyncExecCancelBatch;\s+BEGIN TRY\s+SEND ON CONVERSATION @h MESSAGE TYPE \[asyncexec\/Request\]/);
+    assert.ok('usp_AsyncExecCancelBatch'.length <= 32, 'savepoint names are at most 32 characters');
+    const settle = code.indexOf(SETTLE);
+    const lastUpdate = code.lastIndexOf('UPDATE asyncexec.AsyncExecResults');
+    const commit = code.lastIndexOf('COMMIT TRANSACTION');
+    assert.ok(settle > lastUpdate && settle < commit, 'settled after every member change, before the commit');
+    assert.match(text, /COMMIT TRANSACTION;\s+SET @outcome = 'CANCELLED';/);
+  });
+
+  it('ends the statement before each THROW with a semicolon, refuses an open transaction, rolls back on error', async () => {
+    const { code, sql: text } = await cancelBatchProcedure();
+    const throws = [...code.matchAll(/\bTHROW\b/g)];
+    assert.ok(throws.length >= 4);
+    for (const match of throws) {
+      const before = code.slice(0, match.index).trimEnd();
+      assert.ok(before.endsWith(';') || /\bBEGIN$/.test(before), `the statement before THROW at ${match.index} ends with a semicolon`);
+    }
+    assert.match(text, /IF @@TRANCOUNT > 0\s+BEGIN\s+SET @message = [^;]+;\s+THROW 50023, @message, 1;/);
+    assert.ok(text.indexOf('IF @@TRANCOUNT > 0') < text.indexOf('BEGIN TRANSACTION'));
+    assert.match(text, /BEGIN CATCH\s+IF XACT_STATE\(\) <> 0\s+ROLLBACK TRANSACTION;\s+THROW;\s+END CATCH;\s+END;\s*$/);
+    assert.match(text, /SET XACT_ABORT OFF;/, 'a failed wake-up SEND leaves the transaction usable');
+  });
+});
+
+describe('mssql: cancelBatch (TypeScript)', () => {
+  const ID = 'abcdef01-2345-6789-abcd-ef0123456789';
+  const batch = (status: BatchStatus): Batch => ({
+    id: ID,
+    status,
+    onFailure: 'CANCEL',
+    currentStage: 1,
+    stageCount: 1,
+    submittedAt: new Date(0),
+    finishedAt: status === 'RUNNING' ? null : new Date(1),
+    submittedBy: null,
+    stages: [],
+  });
+  const code = (expected: string) => (error: unknown) => error instanceof EngineError && error.code === expected;
+
+  /**
+   * Fake steps: `members` are the RUNNING members (their first request's answer, then their
+   * reads in turn, the last repeating); `batches` the batch reads in turn (the last repeats).
+   */
+  function fake(
+    outcome: CancelBatchOutcome,
+    members: Record<string, { request: CancelRequestStatus | Error; statuses: ExecutionStatus[] }>,
+    batches: BatchStatus[],
+  ) {
+    const log: string[] = [];
+    let clock = 0;
+    const steps: CancelBatchSteps = {
+      async cancel() {
+        log.push('cancel');
+        return outcome;
+      },
+      async running() {
+        log.push('running');
+        return Object.keys(members);
+      },
+      member(token) {
+        const member = members[token];
+        return {
+          async request() {
+            log.push(`request:${token}`);
+            if (member.request instanceof Error) throw member.request;
+            return { id: token, status: member.request };
+          },
+          async read() {
+            const status = member.statuses.length > 1 ? member.statuses.shift()! : member.statuses[0];
+            log.push(`read:${token}:${status}`);
+            return { status } as Execution;
+          },
+          async kill(_id, killed) {
+            log.push(`kill:${token}`);
+            killed.add(1);
+          },
+          async settle() {
+            log.push(`settle:${token}`);
+          },
+          sleep: async () => assert.fail('member steps do not sleep here'),
+          now: () => clock,
+        };
+      },
+      async read() {
+        const status = batches.length > 1 ? batches.shift()! : batches[0];
+        log.push(`batch:${status}`);
+        return batch(status);
+      },
+      async sleep(ms) {
+        log.push('sleep');
+        clock += ms;
+      },
+      now: () => clock,
+    };
+    return { steps, log };
+  }
+
+  it('refuses an unknown batch (NOT_FOUND) and one that has ended (ALREADY_FINISHED), changing nothing else', async () => {
+    const missing = fake('NOT_FOUND', {}, ['RUNNING']);
+    await assert.rejects(runCancelBatch(ID, missing.steps, { allowKill: true }), code('NOT_FOUND'));
+    assert.deepEqual(missing.log, ['cancel']);
+    const ended = fake('FINISHED', {}, ['SUCCEEDED']);
+    await assert.rejects(runCancelBatch(ID, ended.steps, { allowKill: true }), code('ALREADY_FINISHED'));
+    assert.deepEqual(ended.log, ['cancel']);
+  });
+
+  it('without allowKill returns the batch at once: running members run to their end, which is no error', async () => {
+    const { steps, log } = fake('CANCELLED', { a: { request: new EngineError('FORBIDDEN', 'no'), statuses: ['RUNNING'] } }, ['RUNNING']);
+    assert.equal((await runCancelBatch(ID, steps, { allowKill: false })).status, 'RUNNING');
+    assert.deepEqual(log, ['cancel', 'batch:RUNNING']);
+  });
+
+  it('returns at once when no member is running', async () => {
+    const { steps, log } = fake('CANCELLED', {}, ['CANCELLED']);
+    assert.equal((await runCancelBatch(ID, steps, { allowKill: true })).status, 'CANCELLED');
+    assert.deepEqual(log, ['cancel', 'running', 'batch:CANCELLED']);
+  });
+
+  it('asks every running member to stop before killing any, then kills and waits for them together', async () => {
+    const { steps, log } = fake(
+      'CANCELLED',
+      { a: { request: 'RUNNING', statuses: ['RUNNING', 'CANCELLED'] }, b: { request: 'RUNNING', statuses: ['CANCELLED'] } },
+      ['RUNNING', 'CANCELLED'],
+    );
+    assert.equal((await runCancelBatch(ID, steps, { allowKill: true })).status, 'CANCELLED');
+    assert.deepEqual(log, [
+      'cancel',
+      'running',
+      'request:a',
+      'request:b',
+      'kill:a',
+      'settle:a',
+      'read:a:RUNNING',
+      'kill:b',
+      'settle:b',
+      'read:b:CANCELLED',
+      'batch:RUNNING',
+      'sleep',
+      'kill:a',
+      'settle:a',
+      'read:a:CANCELLED',
+      'batch:CANCELLED',
+    ]);
+  });
+
+  it('gives up waiting after waitMs and returns the batch as it is', async () => {
+    const { steps, log } = fake('CANCELLED', { a: { request: 'RUNNING', statuses: ['RUNNING'] } }, ['RUNNING']);
+    const result = await runCancelBatch(ID, steps, { allowKill: true, waitMs: 300, pollMs: 100 });
+    assert.equal(result.status, 'RUNNING');
+    assert.equal(log.filter((l) => l === 'sleep').length, 3);
+    assert.equal(log.at(-1), 'batch:RUNNING');
+  });
+
+  it('does not wait for a member it may not kill (reported), nor for one that ended meanwhile (not reported)', async () => {
+    const reported: string[] = [];
+    const { steps, log } = fake(
+      'CANCELLED',
+      {
+        a: { request: new EngineError('FORBIDDEN', 'lacks ALTER ANY CONNECTION'), statuses: ['RUNNING'] },
+        b: { request: new EngineError('ALREADY_FINISHED', 'done'), statuses: ['SUCCEEDED'] },
+      },
+      ['RUNNING'],
+    );
+    const result = await runCancelBatch(ID, steps, { allowKill: true, onMemberError: (token) => reported.push(token) });
+    assert.equal(result.status, 'RUNNING');
+    assert.deepEqual(log, ['cancel', 'running', 'request:a', 'request:b', 'batch:RUNNING']);
+    assert.deepEqual(reported, ['a']);
+  });
+
+  it('maps the procedure’s outcome and errors, and refuses a malformed id before asking the server', async () => {
+    const calls: Array<{ procedure: string; batchId: unknown }> = [];
+    let answer: () => unknown = () => ({ output: { outcome: 'NOT_FOUND' } });
+    const originalExecute = sql.Request.prototype.execute;
+    const originalQuery = sql.Request.prototype.query;
+    sql.Request.prototype.execute = async function (this: sql.Request, procedure: string) {
+      calls.push({ procedure, batchId: (this.parameters as Record<string, { value: unknown }>).batchId?.value });
+      return answer();
+    } as unknown as typeof originalExecute;
+    sql.Request.prototype.query = async function () {
+      return {
+        recordset: [
+          {
+            id: ID.toUpperCase(), status: 'CANCELLED', on_failure: 'CANCEL', current_stage: 1, stage_count: 1,
+            submitted_at: new Date(0), finished_at: new Date(1), submitted_by: null,
+            stage: 1, total: 2, waiting: 0, pending: 0, running: 0, succeeded: 1, failed: 0, cancelled: 1,
+          } satisfies BatchRow,
+        ],
+      };
+    } as unknown as typeof originalQuery;
+    const pool = {} as sql.ConnectionPool;
+    const thrown = (number: number) => {
+      const error = new sql.RequestError(`error ${number}`, 'EREQUEST');
+      error.number = number;
+      return error;
+    };
+    try {
+      for (const bad of ['', 'not-a-uuid', `${ID}x`, 42 as unknown as string]) {
+        await assert.rejects(cancelBatch(pool, bad, { allowKill: true }), code('BAD_USER_INPUT'), String(bad));
+      }
+      assert.equal(calls.length, 0, 'nothing reached the server');
+      await assert.rejects(cancelBatch(pool, ID, { allowKill: true }), code('NOT_FOUND'));
+      assert.deepEqual(calls, [{ procedure: 'asyncexec.usp_AsyncExecCancelBatch', batchId: ID }]);
+      answer = () => ({ output: { outcome: 'FINISHED' } });
+      await assert.rejects(cancelBatch(pool, ID, { allowKill: true }), code('ALREADY_FINISHED'));
+      answer = () => {
+        throw thrown(50005);
+      };
+      await assert.rejects(cancelBatch(pool, ID, { allowKill: true }), code('BAD_USER_INPUT'));
+      answer = () => {
+        throw thrown(50023);
+      };
+      await assert.rejects(cancelBatch(pool, ID, { allowKill: true }), (error) => error instanceof Error && !(error instanceof EngineError));
+      answer = () => ({ output: { outcome: null } });
+      await assert.rejects(cancelBatch(pool, ID, { allowKill: true }), /reported null/);
+      // cancelled, KILL not allowed: the batch as getBatch reads it, at once
+      answer = () => ({ output: { outcome: 'CANCELLED' } });
+      const result = await cancelBatch(pool, ID.toUpperCase(), { allowKill: false });
+      assert.equal(result.id, ID);
+      assert.equal(result.status, 'CANCELLED');
+      assert.deepEqual(result.stages.map((s) => [s.succeeded, s.cancelled]), [[1, 1]]);
+    } finally {
+      sql.Request.prototype.execute = originalExecute;
+      sql.Request.prototype.query = originalQuery;
     }
   });
 });

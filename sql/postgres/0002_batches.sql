@@ -144,6 +144,30 @@ language sql as $$
   select e.batch_id from asyncproc.submit_batch(stages, on_failure, submitted_by) e limit 1
 $$;
 
+-- Cancel every member of a batch that has not started (WAITING, held or not, and PENDING).
+-- The caller holds the batch row. Ready rows go first, as claim() takes them: a claim in
+-- progress is waited for, and its call, RUNNING by then, is left alone. A RUNNING member
+-- (locked by its finisher, maybe) does not match and is not waited for.
+create function asyncproc.cancel_unstarted(batch uuid, reason text) returns void
+language plpgsql as $$
+declare
+  moved record;
+begin
+  delete from asyncproc.ready r
+   using asyncproc.executions e
+   where e.batch_id = batch and e.status = 'PENDING' and r.queue = e.queue and r.id = e.id;
+  for moved in
+    update asyncproc.executions e
+       set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), error_number = 'AP011',
+           error_message = reason, seq = nextval('asyncproc.change_seq')
+     where e.batch_id = batch and e.status in ('WAITING', 'PENDING')
+    returning e.id, e.seq
+  loop
+    perform asyncproc.emit(moved.id, moved.seq, 'CANCELLED');
+  end loop;
+end
+$$;
+
 -- Settle a batch after one of its executions ended: release the next stage when the
 -- current one is complete, cancel the rest when the policy says so, end the batch when
 -- nothing is left. Runs in the transaction that recorded the outcome.
@@ -172,19 +196,7 @@ begin
   if batch.on_failure = 'CANCEL' and exists (
        select 1 from asyncproc.executions e
         where e.batch_id = settle_id and e.status in ('FAILED', 'CANCELLED')) then
-    delete from asyncproc.ready r
-     using asyncproc.executions e
-     where e.batch_id = settle_id and e.status = 'PENDING' and r.queue = e.queue and r.id = e.id;
-    for moved in
-      update asyncproc.executions e
-         set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), error_number = 'AP011',
-             error_message = 'cancelled: an execution of its batch did not succeed',
-             seq = nextval('asyncproc.change_seq')
-       where e.batch_id = settle_id and e.status in ('WAITING', 'PENDING')
-      returning e.id, e.seq
-    loop
-      perform asyncproc.emit(moved.id, moved.seq, 'CANCELLED');
-    end loop;
+    perform asyncproc.cancel_unstarted(settle_id, 'cancelled: an execution of its batch did not succeed');
   else
     loop
       exit when exists (select 1 from asyncproc.executions e
@@ -327,4 +339,41 @@ begin
      and not exists (select 1 from asyncproc.executions e where e.batch_id = b.id);
   return purged;
 end
+$$;
+
+-- Cancel a whole batch, step one: every member that has not started ends CANCELLED, in one
+-- transaction that holds the batch row first (settle_batch's lock order: batch row, then
+-- ready rows, then member rows, touching WAITING and PENDING members only). Running members
+-- are step two, asyncproc.cancel_batch_running(), in a transaction of its own: a finisher
+-- holds its member row while it waits for the batch row, so we never wait for a running
+-- member while holding its batch.
+-- outcome: CANCELLED (step two may follow), FINISHED (the batch had ended), NOT_FOUND.
+create function asyncproc.cancel_batch(cancel_id uuid, out outcome text)
+language plpgsql as $$
+begin
+  perform 1 from asyncproc.batches b where b.id = cancel_id;
+  if not found then
+    outcome := 'NOT_FOUND';
+    return;
+  end if;
+  perform 1 from asyncproc.batches b where b.id = cancel_id and b.status = 'RUNNING' for update;
+  if not found then
+    outcome := 'FINISHED';
+    return;
+  end if;
+  -- the trigger settles the batch as members end: it ends now if nothing is running
+  perform asyncproc.cancel_unstarted(cancel_id, 'cancelled with its batch');
+  outcome := 'CANCELLED';
+end
+$$;
+
+-- Step two: ask every running member of the batch to stop (as cancel() does for one call);
+-- returns the sessions of those not asked before, for pg_cancel_backend. The service
+-- repeats both steps until the batch has ended: a member that went from RUNNING back to
+-- WAITING (a retry) while step one ran is caught by the next round.
+create function asyncproc.cancel_batch_running(cancel_id uuid) returns setof integer
+language sql as $$
+  update asyncproc.executions e set cancel_requested = true
+   where e.batch_id = cancel_id and e.status = 'RUNNING' and not e.cancel_requested
+  returning e.backend_pid
 $$;

@@ -81,7 +81,18 @@ const SubmitBatchPayload = builder.objectRef<{ batch: Batch }>('SubmitBatchPaylo
   fields: (t) => ({ batch: t.field({ type: BatchRef, resolve: (p) => p.batch }) }),
 });
 
+const CancelBatchPayload = builder.objectRef<{ batch: Batch }>('CancelBatchPayload').implement({
+  fields: (t) => ({ batch: t.field({ type: BatchRef, resolve: (p) => p.batch }) }),
+});
+
 builder.mutationFields((t) => ({
+  cancelBatch: t.field({
+    type: CancelBatchPayload,
+    description:
+      'Every call of the batch not yet started is cancelled (it never starts); running ones are cancelled as cancelExecution does. An ended batch: ALREADY_FINISHED.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_root, { id }, { engine }) => guard(async () => ({ batch: await engine.cancelBatch(checkToken(String(id), 'batch id')) })),
+  }),
   submitBatch: t.field({
     type: SubmitBatchPayload,
     description: 'Submit a batch of calls in ordered stages, in one transaction: all or none.',

@@ -22,6 +22,7 @@ import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { mssqlCancelSteps, runCancel } from './cancel.js';
+import { cancelBatch } from './cancelBatch.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
 import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions, listRunning } from './executions.js';
@@ -56,7 +57,7 @@ export interface MssqlEngineOptions {
    * @default the URL's allowKill, else false
    */
   allowKill?: boolean;
-  /** How long cancelExecution waits for a killed call to stop RUNNING. @default 10000 */
+  /** How long cancelExecution (and cancelBatch) waits for killed calls to stop RUNNING. @default 10000 */
   cancelWaitMs?: number;
 }
 
@@ -176,6 +177,20 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   }
   getBatchExecutions(id: string): Promise<Execution[]> {
     return getBatchExecutions(this.pool, id);
+  }
+  /**
+   * usp_AsyncExecCancelBatch cancels every member not yet started and settles the batch in one
+   * transaction; then, with allowKill only, each RUNNING member is cancelled as cancelExecution
+   * does and the batch is waited for (up to cancelWaitMs). Without allowKill running members run
+   * to their end and the batch is returned at once. NOT_FOUND, ALREADY_FINISHED, BAD_USER_INPUT.
+   */
+  cancelBatch(id: string): Promise<Batch> {
+    return cancelBatch(this.pool, id, {
+      allowKill: this.allowKill,
+      waitMs: this.options.cancelWaitMs,
+      onMemberError: (token, error) =>
+        this.logger.warn({ err: error, batchId: id, token }, 'cancelBatch: a running execution could not be cancelled; it runs to its end'),
+    });
   }
   /** Create a queue or change its concurrency (MAX_QUEUE_READERS). */
   createQueue(name: string, concurrency?: number): Promise<void> {

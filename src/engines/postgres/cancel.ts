@@ -1,5 +1,6 @@
 import type pg from 'pg';
-import { EngineError, isTerminal, type Execution } from '../../engine.js';
+import { EngineError, isTerminal, isUuid, type Batch, type Execution } from '../../engine.js';
+import { getBatch } from './batches.js';
 import { getExecutions } from './executions.js';
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
@@ -26,7 +27,7 @@ export async function cancelExecution(pool: pg.Pool, token: string, waitMs = 10_
   if (outcome === 'RUNNING') {
     let signalled = false;
     try {
-      signalled = (await pool.query<{ ok: boolean }>('select pg_cancel_backend($1) as ok', [pid])).rows[0].ok;
+      signalled = await signal(pool, pid!);
     } catch (error) {
       throw new EngineError('FORBIDDEN', `not allowed to cancel the session running ${token}: ${(error as Error).message}`, { cause: error });
     }
@@ -37,4 +38,34 @@ export async function cancelExecution(pool: pg.Pool, token: string, waitMs = 10_
     }
   }
   return (await getExecutions(pool, [token]))[0];
+}
+
+/** Ask the session running a call to cancel its statement; its worker records the outcome. */
+async function signal(pool: pg.Pool, pid: number): Promise<boolean> {
+  return (await pool.query<{ ok: boolean }>('select pg_cancel_backend($1) as ok', [pid])).rows[0].ok;
+}
+
+/**
+ * Cancel a batch (see Engine.cancelBatch): the members not yet started in one transaction
+ * holding the batch, then the running ones by signal, in rounds until the batch has ended.
+ */
+export async function cancelBatch(pool: pg.Pool, id: string, waitMs = 10_000): Promise<Batch> {
+  if (!isUuid(id)) throw new EngineError('BAD_USER_INPUT', `malformed batch id "${id}"`);
+  const step = async () => (await pool.query<{ outcome: string }>('select outcome from asyncproc.cancel_batch($1::uuid)', [id])).rows[0].outcome;
+  const first = await step();
+  if (first === 'NOT_FOUND') throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
+  if (first === 'FINISHED') throw new EngineError('ALREADY_FINISHED', `batch ${id} has already ended`);
+  for (const deadline = Date.now() + waitMs; ; await sleep(50)) {
+    const { rows } = await pool.query<{ pid: number }>('select pid from asyncproc.cancel_batch_running($1::uuid) pid', [id]);
+    for (const { pid } of rows) {
+      try {
+        await signal(pool, pid);
+      } catch (error) {
+        throw new EngineError('FORBIDDEN', `not allowed to cancel session ${pid} of batch ${id}: ${(error as Error).message}`, { cause: error });
+      }
+    }
+    const batch = (await getBatch(pool, id))!;
+    if (batch.status !== 'RUNNING' || Date.now() >= deadline) return batch;
+    await step(); // a member that went back to WAITING (a retry) meanwhile
+  }
 }

@@ -23,7 +23,7 @@ import { listProcedures, registerProcedure } from './procedures.js';
 import { configureQueue, listQueues, listRunning } from './queues.js';
 import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
-import { cancelExecution } from './cancel.js';
+import { cancelBatch, cancelExecution } from './cancel.js';
 
 export interface PostgresEngineOptions {
   connectionString: string;
@@ -118,6 +118,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   getBatchExecutions(id: string) {
     return getBatchExecutions(this.pool, id);
+  }
+  cancelBatch(id: string) {
+    return cancelBatch(this.pool, id);
   }
 
   private announce(executions: Execution[]): void {
