@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { EngineError, isUuid, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
+import { checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
 /** Shape checks that need no database (the database repeats them for plain-SQL callers). */
@@ -8,11 +9,7 @@ export function checkStages(stages: readonly (readonly InvokeCall[])[]): void {
   if (!stages.length) throw new EngineError('BAD_USER_INPUT', 'a batch needs at least one stage');
   stages.forEach((calls, i) => {
     if (!calls.length) throw new EngineError('BAD_USER_INPUT', `stage ${i + 1} of the batch has no calls`);
-    for (const call of calls) {
-      if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
-        throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
-      }
-    }
+    calls.forEach(checkArguments);
   });
 }
 

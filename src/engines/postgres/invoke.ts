@@ -3,7 +3,8 @@ import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
-function checkArguments(call: InvokeCall): void {
+/** Arguments are a JSON object keyed by parameter name (the database checks the rest). */
+export function checkArguments(call: InvokeCall): void {
   if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
     throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
   }
