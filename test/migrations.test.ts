@@ -17,8 +17,8 @@ const LANDED: Record<string, string> = {
   'mssql/0004_invoke.sql': '6dab4b8e2230ca1991870b0ca95f1e6b2512861e511e71055fee1926f5896474',
   'mssql/0005_activated.sql': 'ef641cc09f19ee2f6c6ba5e08e36f66f7471543e17125ea8aac7e3892689e3e6',
   'mssql/0006_views.sql': 'b477d106454f5484b197cdb4c22ab94a30004a3ae1efdc09d8fca0abd9dc57c7',
-  'mssql/0007_batches.sql': '9dc8b2a46cf90a2d0257b5560eb39909f6fbbcf4bbbc826f59a0463cbb26133c',
-  'mssql/0008_cancel_batch.sql': '70b4069178a184028411e311a22a1936188798a98497d685a7c44018b048d1fb',
+  'mssql/0007_batches.sql': '480cb26f6bb071cdad547945c2c2692d4e841ef7f1a66f3c80a7bc3833dacdc2',
+  'mssql/0008_cancel_batch.sql': 'a7162cbe4b4ffaaa3f3de2b371e488d9b6b9e7ad206bed933b368a7cf8fe158f',
 };
 
 describe('landed migrations', () => {

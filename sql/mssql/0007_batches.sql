@@ -11,7 +11,8 @@
 --
 -- Recorded on calls: 50013, a held call whose stage was released but that could not be
 -- enqueued (its queue gone). Thrown: 50005 (BAD_USER_INPUT) by usp_AsyncExecBatchCreate;
--- 50022 when usp_AsyncExecBatchSettle is called outside a transaction (a fault of ours).
+-- 50022 when usp_AsyncExecBatchSettle, 50024 when usp_AsyncExecBatchCancelUnstarted is
+-- called outside a transaction (faults of ours).
 --
 -- Migrations never change once landed, so this script also brings what batches need into
 -- the objects of 0001-0006: the held column and its checks on AsyncExecResults, a covering
@@ -19,9 +20,11 @@
 -- that enqueue a call or end one. Each of those, before it ends a member of a batch, locks
 -- the batch row (UPDLOCK, HOLDLOCK) and then calls usp_AsyncExecBatchSettle in the same
 -- transaction; lock order: the call's application lock, then the batch row, then the call's
--- row. usp_AsyncExecBatchSettle alone changes other members holding their rows only; a
--- reader's claim reads its call again WITH (UPDLOCK) after taking the application lock,
--- which waits for it. ALTER drops an ADD SIGNATURE: sign the procedures again (docs/mssql.md).
+-- row. usp_AsyncExecBatchSettle alone (and usp_AsyncExecCancelBatch of 0008; both hold the
+-- batch row, and cancel through usp_AsyncExecBatchCancelUnstarted) changes other members
+-- holding their rows only; a reader's claim reads its call again WITH (UPDLOCK) after taking
+-- the application lock, which waits for it. ALTER drops an ADD SIGNATURE: sign the
+-- procedures again (docs/mssql.md).
 
 -- A member of a stage not yet released is held: WAITING, with no dialog and no message yet;
 -- usp_AsyncExecBatchSettle enqueues it when its stage is released.
@@ -113,11 +116,87 @@ BEGIN
 END;
 GO
 
+-- Cancel every member of a batch that has not started (WAITING, held or not, and PENDING),
+-- with @reason as its error message, and wake the activated side of each that has a dialog:
+-- the one copy of what usp_AsyncExecBatchSettle's CANCEL branch and usp_AsyncExecCancelBatch
+-- (0008_cancel_batch.sql) do to those members. RUNNING members are not touched here.
+-- Called only inside its caller's transaction (never a transaction of its own; 50024
+-- otherwise), by a caller that holds the batch row WITH (UPDLOCK, HOLDLOCK, ROWLOCK) and
+-- settles the batch before it commits (usp_AsyncExecBatchSettle is such a caller itself).
+-- Locks: as the settle, this changes members holding only their rows (see the settle below).
+-- The SET options are the settle's: activation runs this through the settle.
+CREATE PROCEDURE asyncexec.usp_AsyncExecBatchCancelUnstarted
+    @batchId uniqueidentifier,
+    @reason  nvarchar(4000)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT OFF;   -- a failed SEND below must leave the caller's transaction usable
+    SET ANSI_WARNINGS ON;
+    SET ANSI_PADDING ON;
+    SET ARITHABORT ON;
+    SET CONCAT_NULL_YIELDS_NULL ON;
+    SET NUMERIC_ROUNDABORT OFF;
+    DECLARE @message nvarchar(2048), @now datetime2(3), @id bigint, @h uniqueidentifier, @state char(2), @body xml;
+    DECLARE @cancelled TABLE (id bigint PRIMARY KEY, initiator_handle uniqueidentifier NULL);
+
+    IF @@TRANCOUNT = 0
+    BEGIN
+        SET @message = N'usp_AsyncExecBatchCancelUnstarted runs in its caller''s transaction, which holds the batch row';
+        THROW 50024, @message, 1;
+    END;
+
+    -- As usp_AsyncExecCancel cancels a WAITING or PENDING call (cancel_requested, so a
+    -- reader never starts it); the error of an earlier failed attempt gives way to why.
+    SET @now = SYSUTCDATETIME();
+    UPDATE asyncexec.AsyncExecResults
+       SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,
+           error_number = NULL, error_severity = NULL, error_state = NULL, error_line = NULL, error_procedure = NULL,
+           error_message = @reason
+    OUTPUT inserted.id, inserted.initiator_handle INTO @cancelled (id, initiator_handle)
+    WHERE batch_id = @batchId AND status IN ('WAITING', 'PENDING');
+
+    -- Wake the activated side of each cancelled call that has a dialog (held ones have
+    -- none), as usp_AsyncExecCancel does: its reader finds it CANCELLED, reports it to
+    -- the listener and ends the dialog, instead of waiting for runAt or a retry. SEND
+    -- needs the initiator side open (STARTED_OUTBOUND or CONVERSING).
+    SET @id = 0;
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1) @id = id, @h = initiator_handle FROM @cancelled
+        WHERE id > @id AND initiator_handle IS NOT NULL ORDER BY id;
+        IF @@ROWCOUNT = 0
+            BREAK;
+        SET @state = NULL;
+        SELECT @state = state FROM sys.conversation_endpoints WHERE conversation_handle = @h;
+        IF @state IN ('SO', 'CO')
+        BEGIN
+            SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
+            -- a savepoint name of our own (at most 32 characters): the caller's may be on the stack
+            SAVE TRANSACTION AsyncExecBatchCancelUnstarted;
+            BEGIN TRY
+                SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
+            END TRY
+            BEGIN CATCH
+                -- the cancel stands without the wake-up: the call's own request or timer ends it
+                IF XACT_STATE() = -1
+                BEGIN
+                    THROW;
+                END;
+                ROLLBACK TRANSACTION AsyncExecBatchCancelUnstarted;
+                INSERT asyncexec.AsyncExecErrors (execution_id, conversation_handle, error_number, error_message)
+                VALUES (@id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
+            END CATCH;
+        END;
+    END;
+END;
+GO
+
 -- Settle a batch after one of its members has ended, in the transaction that recorded that
 -- outcome (the caller's; never a transaction of its own):
 --   * onFailure CANCEL and a member ended FAILED or CANCELLED: cancel every member still
---     WAITING or PENDING (held or not) as usp_AsyncExecCancel does; RUNNING ones run to their
---     end. The batch ends once nothing is left to end.
+--     WAITING or PENDING (held or not) as usp_AsyncExecCancel does (usp_AsyncExecBatchCancelUnstarted,
+--     above); RUNNING ones run to their end. The batch ends once nothing is left to end.
 --   * otherwise, while every member of the stages released so far has ended: end the batch
 --     after its last stage, or release the next stage (enqueue its held calls as
 --     usp_AsyncExecInvoke would). A stage whose members were all cancelled already is passed.
@@ -159,8 +238,7 @@ BEGIN
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @message nvarchar(2048), @status varchar(10), @onFailure varchar(8), @stageCount int, @currentStage int,
             @end bit = 0, @final varchar(10), @now datetime2(3), @id bigint, @service nvarchar(256), @queue nvarchar(100),
-            @h uniqueidentifier, @state char(2), @body xml, @errNumber int, @errMessage nvarchar(4000);
-    DECLARE @cancelled TABLE (id bigint PRIMARY KEY, initiator_handle uniqueidentifier NULL);
+            @h uniqueidentifier, @body xml, @errNumber int, @errMessage nvarchar(4000);
     DECLARE @release TABLE (id bigint PRIMARY KEY, queue nvarchar(100), service_name nvarchar(256) NULL);
 
     IF @batchId IS NULL
@@ -183,47 +261,10 @@ BEGIN
            AND EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults WITH (READCOMMITTEDLOCK)
                         WHERE batch_id = @batchId AND status IN ('FAILED', 'CANCELLED'))
         BEGIN
-            -- As usp_AsyncExecCancel cancels a WAITING or PENDING call (cancel_requested, so a
-            -- reader never starts it); the error of an earlier failed attempt gives way to why.
-            SET @now = SYSUTCDATETIME();
-            UPDATE asyncexec.AsyncExecResults
-               SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,
-                   error_number = NULL, error_severity = NULL, error_state = NULL, error_line = NULL, error_procedure = NULL,
-                   error_message = N'cancelled: an execution of its batch did not succeed'
-            OUTPUT inserted.id, inserted.initiator_handle INTO @cancelled (id, initiator_handle)
-            WHERE batch_id = @batchId AND status IN ('WAITING', 'PENDING');
-
-            -- Wake the activated side of each cancelled call that has a dialog (held ones have
-            -- none), as usp_AsyncExecCancel does: its reader finds it CANCELLED, reports it to
-            -- the listener and ends the dialog, instead of waiting for runAt or a retry.
-            SET @id = 0;
-            WHILE 1 = 1
-            BEGIN
-                SELECT TOP (1) @id = id, @h = initiator_handle FROM @cancelled
-                WHERE id > @id AND initiator_handle IS NOT NULL ORDER BY id;
-                IF @@ROWCOUNT = 0
-                    BREAK;
-                SET @state = NULL;
-                SELECT @state = state FROM sys.conversation_endpoints WHERE conversation_handle = @h;
-                IF @state IN ('SO', 'CO')
-                BEGIN
-                    SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
-                    SAVE TRANSACTION usp_AsyncExecBatchSettle;
-                    BEGIN TRY
-                        SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
-                    END TRY
-                    BEGIN CATCH
-                        -- the cancel stands without the wake-up: the call's own request or timer ends it
-                        IF XACT_STATE() = -1
-                        BEGIN
-                            THROW;
-                        END;
-                        ROLLBACK TRANSACTION usp_AsyncExecBatchSettle;
-                        INSERT asyncexec.AsyncExecErrors (execution_id, conversation_handle, error_number, error_message)
-                        VALUES (@id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
-                    END CATCH;
-                END;
-            END;
+            -- every member not yet started ends CANCELLED, and the dialogs of those that have
+            -- one get a wake-up request; RUNNING ones run to their end
+            EXEC asyncexec.usp_AsyncExecBatchCancelUnstarted @batchId = @batchId,
+                 @reason = N'cancelled: an execution of its batch did not succeed';
 
             IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults WITH (READCOMMITTEDLOCK)
                             WHERE batch_id = @batchId AND status NOT IN ('SUCCEEDED', 'FAILED', 'CANCELLED'))

@@ -5,9 +5,11 @@
 --      no such batch: @outcome NOT_FOUND; the batch is no longer RUNNING: @outcome FINISHED
 --      (nothing changed either way);
 --   2. every member that has not started (WAITING, held or not, and PENDING) ends CANCELLED
---      exactly as the settle's CANCEL branch ends it (finished_at, cancel_requested, held = 0,
---      the error of an earlier failed attempt cleared, message 'cancelled with its batch'),
---      and the dialog of each that has one gets usp_AsyncExecCancel's wake-up request;
+--      exactly as the settle's CANCEL branch ends it, by the same procedure,
+--      usp_AsyncExecBatchCancelUnstarted (0007_batches.sql: finished_at, cancel_requested,
+--      held = 0, the error of an earlier failed attempt cleared, here the message 'cancelled
+--      with its batch'), and the dialog of each that has one gets usp_AsyncExecCancel's
+--      wake-up request;
 --   3. every RUNNING member gets cancel_requested = 1 (only that; its status is not touched):
 --      a run that then fails is not retried but ends CANCELLED (usp_AsyncExecRun), and a run
 --      lost with its session is never started again (the reader's claim), as after
@@ -28,7 +30,8 @@
 -- after the batch row, invert the order against usp_AsyncExecCancel, usp_AsyncExecAbandon
 -- and the reader, who hold a call's lock while they wait for the batch row: a deadlock).
 -- So this procedure takes NO application lock at all: it holds the batch row and changes
--- members holding only their rows, exactly as usp_AsyncExecBatchSettle's CANCEL branch does.
+-- members holding only their rows, exactly as usp_AsyncExecBatchSettle's CANCEL branch does
+-- (through the same usp_AsyncExecBatchCancelUnstarted).
 -- That is safe for the same reason: a reader's claim takes the call's application lock and
 -- then reads the call again WITH (UPDLOCK), which waits for our uncommitted change and then
 -- finds CANCELLED, so it never starts a member cancelled here; a held member has no message,
@@ -49,15 +52,13 @@ CREATE PROCEDURE asyncexec.usp_AsyncExecCancelBatch
 AS
 BEGIN
     SET NOCOUNT ON;
-    SET XACT_ABORT OFF;   -- a failed wake-up SEND below must leave our transaction usable
+    SET XACT_ABORT OFF;   -- a failed wake-up SEND (step 2) must leave our transaction usable
     SET ANSI_WARNINGS ON;
     SET ANSI_PADDING ON;
     SET ARITHABORT ON;
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    DECLARE @message nvarchar(2048), @status varchar(10), @now datetime2(3), @id bigint, @h uniqueidentifier,
-            @state char(2), @body xml;
-    DECLARE @cancelled TABLE (id bigint PRIMARY KEY, initiator_handle uniqueidentifier NULL);
+    DECLARE @message nvarchar(2048), @status varchar(10);
     SET @outcome = NULL;
 
     IF @batchId IS NULL
@@ -84,53 +85,18 @@ BEGIN
             RETURN;
         END;
 
-        -- 2. every member not yet started, as the settle's CANCEL branch cancels it
-        --    (cancel_requested: a reader never starts it)
-        SET @now = SYSUTCDATETIME();
-        UPDATE asyncexec.AsyncExecResults
-           SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,
-               error_number = NULL, error_severity = NULL, error_state = NULL, error_line = NULL, error_procedure = NULL,
-               error_message = N'cancelled with its batch'
-        OUTPUT inserted.id, inserted.initiator_handle INTO @cancelled (id, initiator_handle)
-        WHERE batch_id = @batchId AND status IN ('WAITING', 'PENDING');
+        -- 2. every member not yet started, as the settle's CANCEL branch cancels it (the same
+        --    procedure: cancel_requested, so a reader never starts it; a wake-up request on
+        --    the dialog of each that has one)
+        EXEC asyncexec.usp_AsyncExecBatchCancelUnstarted @batchId = @batchId, @reason = N'cancelled with its batch';
 
-        -- 3. RUNNING members: no retry after a failure, no new run after a lost session
+        -- 3. RUNNING members: no retry after a failure, no new run after a lost session. Step 2
+        --    left no member WAITING or PENDING, so none can start now; and whoever ends,
+        --    retries or adds a member takes the batch row (ours) first: these are exactly the
+        --    members RUNNING when step 2's UPDATE ended, before its wake-up requests.
         UPDATE asyncexec.AsyncExecResults
            SET cancel_requested = 1
          WHERE batch_id = @batchId AND status = 'RUNNING' AND cancel_requested = 0;
-
-        -- Wake the activated side of each cancelled member that has a dialog (held ones have
-        -- none), as usp_AsyncExecCancel does: its reader finds it CANCELLED, reports it to
-        -- the listener and ends the dialog, instead of waiting for runAt or a retry. SEND
-        -- needs the initiator side open (STARTED_OUTBOUND or CONVERSING).
-        SET @id = 0;
-        WHILE 1 = 1
-        BEGIN
-            SELECT TOP (1) @id = id, @h = initiator_handle FROM @cancelled
-            WHERE id > @id AND initiator_handle IS NOT NULL ORDER BY id;
-            IF @@ROWCOUNT = 0
-                BREAK;
-            SET @state = NULL;
-            SELECT @state = state FROM sys.conversation_endpoints WHERE conversation_handle = @h;
-            IF @state IN ('SO', 'CO')
-            BEGIN
-                SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
-                SAVE TRANSACTION usp_AsyncExecCancelBatch;
-                BEGIN TRY
-                    SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
-                END TRY
-                BEGIN CATCH
-                    -- the cancel stands without the wake-up: the call's own request or timer ends it
-                    IF XACT_STATE() = -1
-                    BEGIN
-                        THROW;
-                    END;
-                    ROLLBACK TRANSACTION usp_AsyncExecCancelBatch;
-                    INSERT asyncexec.AsyncExecErrors (execution_id, conversation_handle, error_number, error_message)
-                    VALUES (@id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
-                END CATCH;
-            END;
-        END;
 
         -- 4. the batch ends here unless a member is still RUNNING (then whoever ends the
         --    last one settles it); the settle finds the batch row locked by us already
