@@ -209,4 +209,16 @@ describe('SQL interface for batches', () => {
     await assert.rejects(sql.query(`select asyncproc.invoke_batch('[[]]')`), (e: any) => e.code === 'AP004');
     await assert.rejects(sql.query(`select asyncproc.invoke_batch('[[{"procedure": "demo.noop"}]]', 'SOMETIMES')`), (e: any) => e.code === 'AP004');
   });
+
+  it("a member ended from a caller's own trigger still settles its batch", async () => {
+    await sql.query(`create table pgtest.stop_requests (token uuid not null);
+      create function pgtest.stop() returns trigger language plpgsql as $$
+        begin perform asyncproc.cancel(new.token); return new; end $$;
+      create trigger stop after insert on pgtest.stop_requests for each row execute function pgtest.stop();`);
+    const batch = await engine.submitBatch([[{ procedure: 'demo.noop', arguments: {}, runAt: new Date(Date.now() + 3_600_000) }]]);
+    const [member] = await engine.getBatchExecutions(batch.id);
+    await sql.query('insert into pgtest.stop_requests (token) values ($1)', [member.token]);
+    assert.equal((await engine.getExecution(member.token))?.status, 'CANCELLED');
+    assert.equal((await engine.getBatch(batch.id))?.status, 'CANCELLED', 'its last member ended: the batch ended');
+  });
 });
