@@ -15,7 +15,8 @@ interface QueueRow {
   cancelled: string;
 }
 
-export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_SECONDS): Promise<QueueInfo[]> {
+/** Every queue (or only the one named) with its counts; `recent` covers the last `recentSeconds`. */
+export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_SECONDS, only: string | null = null): Promise<QueueInfo[]> {
   const { rows } = await pool.query<QueueRow>(
     `with recent as (
        select e.queue,
@@ -23,7 +24,7 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
               count(*) filter (where e.status = 'FAILED') as failed,
               count(*) filter (where e.status = 'CANCELLED') as cancelled
          from asyncproc.executions e
-        where e.finished_at > clock_timestamp() - $1 * interval '1 second'
+        where e.finished_at > clock_timestamp() - $1 * interval '1 second' and ($2::text is null or e.queue = $2)
         group by e.queue)
      select q.name, q.concurrency,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'WAITING') as waiting,
@@ -31,8 +32,9 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'RUNNING') as running,
             coalesce(r.succeeded, 0) as succeeded, coalesce(r.failed, 0) as failed, coalesce(r.cancelled, 0) as cancelled
        from asyncproc.queues q left join recent r on r.queue = q.name
+      where $2::text is null or q.name = $2
       order by q.name`,
-    [recentSeconds],
+    [recentSeconds, only],
   );
   return rows.map((r) => ({
     name: r.name,
@@ -58,7 +60,7 @@ export async function configureQueue(pool: pg.Pool, name: string, concurrency: n
     }
     throw error;
   }
-  return (await listQueues(pool)).find((q) => q.name === name)!;
+  return (await listQueues(pool, DEFAULT_RECENT_SECONDS, name))[0];
 }
 
 /** What runs now, longest first; elapsed by the database's clock (the one started_at was taken from). */
