@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -24,9 +25,60 @@ async function withMigrationLock<T>(pool: pg.Pool, fn: (client: pg.PoolClient) =
 
 /**
  * Apply sql/postgres/NNNN_*.sql in order, each once, each in its own transaction,
- * recorded in asyncproc.migrations. Returns the versions applied now.
+ * recorded in asyncproc.migrations; then every routine of sql/postgres/routines/
+ * whose content changed. Returns the versions applied now.
  */
 export async function migrate(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<number[]> {
+  const applied = await migrateVersions(pool, dir);
+  await applyRoutines(pool, path.join(dir, 'routines'));
+  return applied;
+}
+
+/**
+ * Functions and views live one to a file (`CREATE OR REPLACE`), so the definition that
+ * counts is always in one place. A file is applied when its SHA-256 differs from the one
+ * recorded in asyncproc.routines; all changed files go in one transaction, in name order,
+ * with function bodies checked at call time (a routine may call one later in the order).
+ * A file that changes a routine's signature drops the old one first.
+ */
+export async function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
+  const files = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
+  const texts = await Promise.all(files.map((f) => readFile(path.join(dir, f), 'utf8')));
+  return withMigrationLock(pool, async (client) => {
+    await client.query(`create table if not exists asyncproc.routines (
+        name text primary key, sha256 text not null, applied_at timestamptz not null default now())`);
+    const known = new Map(
+      (await client.query<{ name: string; sha256: string }>('select name, sha256 from asyncproc.routines')).rows.map((r) => [r.name, r.sha256]),
+    );
+    const changed = files
+      .map((file, i) => ({ file, text: texts[i], sha256: createHash('sha256').update(texts[i]).digest('hex') }))
+      .filter((r) => known.get(r.file) !== r.sha256);
+    if (!changed.length) return [];
+    await client.query('begin');
+    try {
+      await client.query('set local check_function_bodies = off');
+      for (const routine of changed) {
+        try {
+          await client.query(routine.text);
+        } catch (error) {
+          throw new Error(`routine ${routine.file} failed: ${(error as Error).message}`, { cause: error });
+        }
+        await client.query(
+          `insert into asyncproc.routines (name, sha256) values ($1, $2)
+           on conflict (name) do update set sha256 = excluded.sha256, applied_at = now()`,
+          [routine.file, routine.sha256],
+        );
+      }
+      await client.query('commit');
+    } catch (error) {
+      await client.query('rollback');
+      throw error;
+    }
+    return changed.map((r) => r.file);
+  });
+}
+
+async function migrateVersions(pool: pg.Pool, dir: string): Promise<number[]> {
   const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
   return withMigrationLock(pool, async (client) => {
     await client.query(`create schema if not exists asyncproc;

@@ -1,0 +1,11 @@
+-- The SQL expression that turns argument `name` of $1 (the arguments object) into a typed value.
+create or replace function asyncproc.argument_expression(name text, type_oid oid) returns text
+language sql stable as $$
+  select case
+    when type_oid in ('json'::regtype, 'jsonb'::regtype) then format('($1->%L)::%s', name, format_type(type_oid, null))
+    when t.typcategory = 'A' and t.typelem <> 0 then
+      format('asyncproc.text_array($1->%L)::%s', name, format_type(type_oid, null))
+    else format('($1->>%L)::%s', name, format_type(type_oid, null))
+  end
+  from pg_type t where t.oid = type_oid
+$$;

@@ -1,0 +1,35 @@
+create or replace function asyncproc.cancel(cancel_token uuid, out outcome text, out backend_pid integer)
+language plpgsql as $$
+declare
+  target   record;
+  new_seq  bigint;
+begin
+  select e.id, e.queue, e.batch_id, e.status into target from asyncproc.executions e where e.token = cancel_token;
+  if not found then
+    outcome := 'NOT_FOUND';
+    return;
+  end if;
+  if target.batch_id is not null and target.status in ('WAITING', 'PENDING') then
+    perform 1 from asyncproc.batches b where b.id = target.batch_id for update;
+  end if;
+  -- the ready row first, as a claim takes it: a claim in progress makes us wait for its commit
+  delete from asyncproc.ready r where r.queue = target.queue and r.id = target.id;
+  update asyncproc.executions e
+     set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq')
+   where e.id = target.id and e.status in ('WAITING', 'PENDING')
+  returning e.seq into new_seq;
+  if new_seq is not null then
+    perform asyncproc.emit(target.id, new_seq, 'CANCELLED');
+    outcome := 'CANCELLED';
+    return;
+  end if;
+  if target.batch_id is not null and target.status in ('WAITING', 'PENDING') then
+    outcome := 'RETRY';
+    return;
+  end if;
+  update asyncproc.executions e set cancel_requested = true
+   where e.id = target.id and e.status = 'RUNNING'
+  returning e.backend_pid into cancel.backend_pid;
+  outcome := case when found then 'RUNNING' else 'FINISHED' end;
+end
+$$;

@@ -1,0 +1,33 @@
+-- Record an outcome (and retry when attempts are left). Used by run() and by the
+-- worker when a call escaped run() (cancelled statement, timeout) and must still end.
+create or replace function asyncproc.finish(
+  execution_id bigint, succeeded boolean, outcome jsonb,
+  err_number text default null, err_message text default null, err_detail text default null, err_context text default null,
+  out done_seq bigint, out done_status text
+)
+language plpgsql as $$
+begin
+  update asyncproc.executions e
+     set status = case
+                    when succeeded then 'SUCCEEDED'
+                    when e.attempts < e.max_attempts then 'WAITING'
+                    else 'FAILED' end,
+         -- exponential backoff with jitter: about 2^attempts seconds, at most five minutes
+         run_at = case when not succeeded and e.attempts < e.max_attempts
+                       then clock_timestamp() + least(300, 2 ^ e.attempts) * (0.75 + random() / 2) * interval '1 second'
+                       else e.run_at end,
+         finished_at = case when succeeded or e.attempts >= e.max_attempts then clock_timestamp() end,
+         result = case when succeeded then outcome else null end,
+         error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
+         seq = nextval('asyncproc.change_seq')
+   where e.id = execution_id and e.status = 'RUNNING'
+  returning e.seq, e.status into finish.done_seq, finish.done_status;
+  if finish.done_status = 'WAITING' then
+    insert into asyncproc.attempts (execution_id, number, status, started_at, finished_at, worker, backend_pid,
+                                    error_number, error_message, error_detail, error_context)
+    select e.id, e.attempts + e.recoveries, 'FAILED', e.started_at, clock_timestamp(), e.worker, e.backend_pid,
+           err_number, err_message, err_detail, err_context
+      from asyncproc.executions e where e.id = execution_id;
+  end if;
+end
+$$;

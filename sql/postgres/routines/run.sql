@@ -1,0 +1,44 @@
+-- Run one claimed call; its writes and its outcome commit together (the service
+-- notifies right after). Then release it and claim the next call of next_queue in
+-- the same transaction and round trip.
+create or replace function asyncproc.run(
+  execution_id bigint, worker text, next_queue text, row_cap integer default 100,
+  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint
+)
+language plpgsql as $$
+declare
+  call         record;
+  outcome      jsonb;
+  v_state      text;
+  v_message    text;
+  v_detail     text;
+  v_context    text;
+  succeeded    boolean := false;
+begin
+  select e.arguments, e.status, r.proc
+    into call
+    from asyncproc.executions e
+    join asyncproc.procedures r on r.name = e.procedure
+   where e.id = execution_id;
+
+  if found and call.status = 'RUNNING' then
+    begin
+      outcome := asyncproc.call_routine(call.proc, call.arguments, row_cap);
+      succeeded := true;
+    exception when others then
+      -- the block's implicit savepoint has undone the call's writes; record the failure instead
+      get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
+                              v_detail = pg_exception_detail, v_context = pg_exception_context;
+    end;
+    -- outside the block, so the outcome is written by the main transaction, not a subtransaction
+    select f.done_seq, f.done_status into run.done_seq, run.done_status
+      from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
+                            v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
+  end if;
+
+  perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
+  if next_queue is not null then
+    select c.id, c.seq into run.next_id, run.next_seq from asyncproc.claim(next_queue, worker) c;
+  end if;
+end
+$$;

@@ -1,0 +1,76 @@
+create or replace function asyncproc.submit(
+  procedure    text,
+  arguments    jsonb default '{}',
+  queue        text default null,
+  run_at       timestamptz default null,
+  max_attempts integer default null,
+  submitted_by text default null,
+  quiet        boolean default false,   -- true: the caller notifies after its commit
+  in_batch     uuid default null,
+  in_stage     integer default null     -- 1-based; stages after the first are held
+) returns asyncproc.executions
+language plpgsql as $$
+declare
+  registered asyncproc.procedures;
+  submitted  asyncproc.executions;
+  problems   text;
+  queue_name text;
+  is_held    boolean := in_batch is not null and coalesce(in_stage, 1) > 1;
+begin
+  arguments := coalesce(arguments, '{}');
+  if jsonb_typeof(arguments) <> 'object' then
+    raise exception 'arguments must be a JSON object keyed by parameter name' using errcode = 'AP002';
+  end if;
+  select * into registered from asyncproc.procedures r where r.name = submit.procedure;
+  if not found then
+    raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001';
+  end if;
+  if submit.max_attempts is not null and submit.max_attempts not between 1 and 100 then
+    raise exception 'maxAttempts must be between 1 and 100' using errcode = 'AP002';
+  end if;
+
+  select string_agg(problem, '; ' order by ord, problem) into problems from (
+    select 1 as ord, format('unknown argument "%s"', k) as problem
+      from jsonb_object_keys(arguments) k
+     where not exists (select 1 from asyncproc.parameters p
+                        where p.proc = registered.proc and p.name = k and p.mode in ('IN', 'INOUT', 'VARIADIC'))
+    union all
+    select 2, format('missing argument "%s" (%s)', p.name, p.type_name)
+      from asyncproc.parameters p
+     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and not p.has_default
+       and not arguments ? p.name
+    union all
+    select 3, format('argument "%s": %s is not a valid %s', p.name, arguments -> p.name, p.type_name)
+      from asyncproc.parameters p
+     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? p.name
+       and not asyncproc.fits(arguments -> p.name, p.type_oid)
+  ) found;
+  if problems is not null then
+    raise exception 'invalid arguments for %: %', registered.name, problems using errcode = 'AP002';
+  end if;
+
+  queue_name := coalesce(submit.queue, registered.queue);
+  perform 1 from asyncproc.queues q where q.name = queue_name;
+  if not found then
+    raise exception 'queue "%" does not exist', queue_name using errcode = 'AP003';
+  end if;
+
+  insert into asyncproc.executions (procedure, arguments, queue, status, run_at, max_attempts, submitted_by,
+                                    batch_id, stage, held)
+  values (registered.name, arguments, queue_name,
+          case when is_held or submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
+          coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by,
+          in_batch, case when in_batch is not null then coalesce(in_stage, 1) end, is_held)
+  returning * into submitted;
+  if submitted.status = 'PENDING' then
+    insert into asyncproc.ready (queue, id) values (submitted.queue, submitted.id);
+  end if;
+
+  if not quiet then
+    -- WAITING too: activators then arm a timer for its run_at
+    perform pg_notify('asyncproc_wake', queue_name);
+    perform asyncproc.emit(submitted.id, submitted.seq, submitted.status);
+  end if;
+  return submitted;
+end
+$$;
