@@ -60,6 +60,8 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   const parts: Closeable[] = [];
   const hub = new CompletionHub(engine, logger);
   try {
+    await hub.start();
+    parts.push(hub);
     parts.push(await engine.startListener(hub));
     if (config.ASYNCPROC_ACTIVATOR) {
       parts.push(await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') }));

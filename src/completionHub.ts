@@ -1,9 +1,12 @@
 import { Repeater } from 'graphql-yoga';
+import { extend, formatSnapshot, parseSnapshot, sees, union, type Snapshot } from './changeCursor.js';
 import {
   EngineError,
   isTerminal,
   toError,
   type Batch,
+  type Change,
+  type Closeable,
   type Engine,
   type Execution,
   type ExecutionEvent,
@@ -12,16 +15,10 @@ import {
 } from './engine.js';
 import type { Logger } from './logger.js';
 
-/** Cursors are decimal (PostgreSQL sequence) or hex (SQL Server rowversion) numbers as text. */
-export function cursorValue(cursor: string): bigint {
-  if (/^\d+$/.test(cursor)) return BigInt(cursor);
-  return BigInt(cursor.startsWith('0x') ? cursor : `0x${cursor}`);
-}
-
-function matches(filter: ExecutionFilter, event: ExecutionEvent): boolean {
-  if (filter.status?.length && !filter.status.includes(event.status)) return false;
-  if (filter.procedure && filter.procedure !== event.execution.procedure) return false;
-  if (filter.queue && filter.queue !== event.execution.queue) return false;
+function matches(filter: ExecutionFilter, execution: Execution): boolean {
+  if (filter.status?.length && !filter.status.includes(execution.status)) return false;
+  if (filter.procedure && filter.procedure !== execution.procedure) return false;
+  if (filter.queue && filter.queue !== execution.queue) return false;
   return true;
 }
 
@@ -30,59 +27,140 @@ class Delivered {
   private readonly seen = new Map<string, bigint>();
   constructor(private readonly limit = 10_000) {}
   /** True when this change is newer than what the stream already delivered for the execution. */
-  admit(event: ExecutionEvent): boolean {
-    const value = cursorValue(event.cursor);
-    const previous = this.seen.get(event.execution.id);
-    if (previous !== undefined && previous >= value) return false;
-    this.seen.delete(event.execution.id);
-    this.seen.set(event.execution.id, value);
+  admit(change: Change): boolean {
+    const previous = this.seen.get(change.execution.id);
+    if (previous !== undefined && previous >= change.order) return false;
+    this.seen.delete(change.execution.id);
+    this.seen.set(change.execution.id, change.order);
     if (this.seen.size > this.limit) this.seen.delete(this.seen.keys().next().value!);
     return true;
   }
 }
 
-interface EventStream {
-  filter: ExecutionFilter;
-  /** Called for live events and on a reconnect (null: catch up from the table). */
-  notify(events: ExecutionEvent[] | null): void;
+/**
+ * Part of one read of the change feed: changes `upper` sees, in (writer, order) order.
+ * After it, every change `upper` sees from a writer below `through` has been handed out.
+ */
+interface FeedBatch {
+  upper: Snapshot;
+  changes: Change[];
+  through: bigint;
 }
 
+interface EventStream {
+  receive(batch: FeedBatch): void;
+}
+
+/** Rows per page of a replay and of a feed read. */
 const REPLAY_PAGE = 500;
+const FEED_PAGE = 1000;
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+export interface CompletionHubOptions {
+  /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
+  pollMs?: number;
+}
 
 /**
- * The completion hub: receives what the engine's listener hears and fans it out
- * to subscriptions. Notifications are hints; the table is the truth, so every
- * subscription reads it when it starts and again whenever the listener reconnects.
+ * The completion hub: reads the engine's change feed and fans it out to subscriptions.
+ * The listener's notifications only say "read now"; the hub reads the table from the
+ * position it last read (a snapshot, see changeCursor.ts), so a change is read once
+ * whatever order transactions commit in, a lost notification is found by the next poll,
+ * and nothing a payload says is trusted.
  */
-export class CompletionHub implements ListenerSink {
-  /** Execution id → completion watchers; a watcher called with null re-reads the table. */
-  private readonly watchers = new Map<string, Set<(execution: Execution | null) => void>>();
+export class CompletionHub implements ListenerSink, Closeable {
+  /** Execution id → watchers of its changes. */
+  private readonly watchers = new Map<string, Set<(execution: Execution) => void>>();
   private readonly streams = new Set<EventStream>();
+  /** Where the feed has been read to (null until started). */
+  private position: Snapshot | null = null;
+  private reading: Promise<void> | null = null;
+  private again = false;
+  /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
+  private epoch = 0;
+  private poller: NodeJS.Timeout | null = null;
+  private closed = false;
+  private failures = 0;
 
   constructor(
     private readonly engine: Engine,
     private readonly logger: Logger,
+    private readonly options: CompletionHubOptions = {},
   ) {}
 
-  interested(executionId: string): boolean {
-    return this.streams.size > 0 || this.watchers.has(executionId);
+  /** Take the feed's position now and start polling it. */
+  async start(): Promise<void> {
+    this.position = await this.engine.currentPosition();
+    this.poller = setInterval(() => this.onChange(), this.options.pollMs ?? 1000);
   }
 
-  onEvents(events: ExecutionEvent[]): void {
-    for (const event of events) {
-      this.watchers.get(event.execution.id)?.forEach((watch) => watch(event.execution));
+  onChange(): void {
+    if (this.closed || !this.position) return;
+    if (this.reading) {
+      this.again = true;
+      return;
     }
-    for (const stream of this.streams) stream.notify(events);
-  }
-
-  onReconnect(): void {
-    // whatever finished while we were deaf is read from the table now
-    for (const stream of this.streams) stream.notify(null);
-    for (const set of this.watchers.values()) set.forEach((watch) => watch(null));
+    this.reading = this.readFeed().finally(() => (this.reading = null));
   }
 
   onError(error: Error): void {
     this.logger.warn({ err: error }, 'listener error');
+  }
+
+  private get interested(): boolean {
+    return this.streams.size > 0 || this.watchers.size > 0;
+  }
+
+  /** Read what changed since the position, hand it out, move the position; again while asked. */
+  private async readFeed(): Promise<void> {
+    do {
+      this.again = false;
+      try {
+        if (!this.interested) {
+          // nobody listens: just move on, unless someone subscribed while we asked
+          const epoch = this.epoch;
+          const now = await this.engine.currentPosition();
+          if (epoch === this.epoch && !this.interested) this.position = union(this.position!, now);
+          continue;
+        }
+        let upper: Snapshot | undefined;
+        let after: Change | undefined;
+        for (;;) {
+          const page = await this.engine.readChanges(this.position!, {
+            limit: FEED_PAGE,
+            upTo: upper,
+            after: after && { writer: after.writer, order: after.order },
+          });
+          upper ??= page.position;
+          const final = page.changes.length < FEED_PAGE;
+          after = page.changes.at(-1);
+          this.dispatch({ upper, changes: page.changes, through: final ? upper.xmax : after!.writer });
+          if (final) break;
+        }
+        this.position = union(this.position!, upper);
+        this.failures = 0;
+      } catch (error) {
+        // the position did not move: the next read (poll or notification) finds it all again
+        if (++this.failures <= 3 || this.failures % 60 === 0) {
+          this.logger.warn({ err: toError(error), failures: this.failures }, 'reading the change feed failed; will read again');
+        }
+        return;
+      }
+    } while (this.again && !this.closed);
+  }
+
+  private dispatch(batch: FeedBatch): void {
+    for (const change of batch.changes) {
+      this.watchers.get(change.execution.id)?.forEach((watch) => watch(change.execution));
+    }
+    for (const stream of this.streams) stream.receive(batch);
+  }
+
+  async close(): Promise<void> {
+    this.closed = true;
+    if (this.poller) clearInterval(this.poller);
+    await this.reading;
   }
 
   /** Number of open subscriptions (monitoring and tests). */
@@ -165,8 +243,7 @@ export class CompletionHub implements ListenerSink {
           .finally(() => (reading = null)));
       };
       const unwatch = this.watch(options.executionIds, (execution) => {
-        // null: the listener reconnected, read the table again
-        const change = execution ? onChange(execution) : 'read';
+        const change = onChange(execution);
         if (change === 'read') void recheck();
         else finish(change);
       });
@@ -180,8 +257,9 @@ export class CompletionHub implements ListenerSink {
     });
   }
 
-  /** Call `watcher` with each change of these executions (null: re-read, the listener reconnected). */
-  private watch(executionIds: readonly string[], watcher: (execution: Execution | null) => void): () => void {
+  /** Call `watcher` with each change of these executions. */
+  private watch(executionIds: readonly string[], watcher: (execution: Execution) => void): () => void {
+    this.epoch++;
     for (const id of executionIds) {
       let set = this.watchers.get(id);
       if (!set) this.watchers.set(id, (set = new Set()));
@@ -197,64 +275,95 @@ export class CompletionHub implements ListenerSink {
   }
 
   /**
-   * Every status change matching `filter`: first what changed after `after`
-   * (the latest state of each such execution, in change order), then live.
+   * Every status change matching `filter`: with `after` (an event's cursor), first the
+   * latest state of each matching execution that changed since, in change order, then
+   * live. Never a gap: the cursor is the position the subscriber had read to, and the
+   * feed hands out exactly what that position does not see. A change is repeated only
+   * when a resume falls between two changes of one transaction.
    */
   events(filter: ExecutionFilter, after: string | null): AsyncIterableIterator<ExecutionEvent> {
-    if (after !== null && !/^(0x)?[0-9a-fA-F]+$/.test(after)) {
-      throw new EngineError('BAD_USER_INPUT', `malformed cursor "${after}"`);
-    }
+    const floor = after === null ? null : parseSnapshot(after);
+    if (after !== null && !floor) throw new EngineError('BAD_USER_INPUT', `malformed cursor "${after.slice(0, 100)}"`);
     return new Repeater<ExecutionEvent>(async (push, stop) => {
       const delivered = new Delivered();
-      let cursor = after ?? (await this.engine.latestCursor()) ?? '0';
-      // nothing at or before where the stream starts is news to this subscriber
-      const start = cursorValue(cursor);
-      let replaying: Promise<void> | null = null;
-      let again = false;
-      const buffered: ExecutionEvent[] = [];
-      const deliver = async (event: ExecutionEvent) => {
-        if (cursorValue(event.cursor) <= start || !matches(filter, event) || !delivered.admit(event)) return;
-        if (cursorValue(event.cursor) > cursorValue(cursor)) cursor = event.cursor;
-        await push(event);
-      };
-      const replay = async () => {
-        do {
-          again = false;
-          for (;;) {
-            const page = await this.engine.eventsSince(cursor, filter, REPLAY_PAGE);
-            for (const event of page) {
-              await deliver(event);
-              if (cursorValue(event.cursor) > cursorValue(cursor)) cursor = event.cursor;
-            }
-            if (page.length < REPLAY_PAGE) break;
-          }
-        } while (again);
-        for (const event of buffered.splice(0)) await deliver(event);
-      };
-      const startReplay = () => {
-        if (replaying) {
-          again = true;
-          return;
+      /** What this subscriber has been given (or did not ask for): set before anything is emitted. */
+      let covered: Snapshot;
+      let stopped = false;
+      /** Hand out one batch's matching changes, each with the position right after it. */
+      const emit = async (batch: FeedBatch) => {
+        const { upper, changes, through } = batch;
+        const start = covered;
+        for (let j = 0; j < changes.length && !stopped; j++) {
+          const change = changes[j];
+          if (sees(start, change.writer) || !matches(filter, change.execution) || !delivered.admit(change)) continue;
+          const bound = j + 1 < changes.length ? changes[j + 1].writer : through;
+          await push({
+            cursor: formatSnapshot(extend(start, upper, bound)),
+            status: change.execution.status,
+            execution: change.execution,
+          });
         }
-        replaying = replay()
-          .catch((error) => this.logger.warn({ err: toError(error) }, 'event replay failed'))
-          .finally(() => (replaying = null));
+        covered = extend(start, upper, through);
       };
-      const stream: EventStream = {
-        filter,
-        notify: (events) => {
-          if (events === null) return startReplay();
-          if (replaying) buffered.push(...events);
-          else for (const event of events) void deliver(event);
-        },
+      let chain: Promise<void> = Promise.resolve();
+      const enqueue = (batch: FeedBatch) => {
+        chain = chain.then(() => emit(batch)).catch((error) => this.logger.warn({ err: toError(error) }, 'event stream failed'));
       };
+      // batches the feed hands out while the replay runs wait for it
+      let buffered: FeedBatch[] | null = [];
+      const stream: EventStream = { receive: (batch) => (buffered ? buffered.push(batch) : enqueue(batch)) };
       this.streams.add(stream);
+      this.epoch++;
+      void stop.then(() => (stopped = true));
       try {
-        startReplay();
-        await stop;
+        // read after joining the feed: what the feed hands out from now on is past `upper` or seen by it
+        const upper = await this.untilRead(() => this.engine.currentPosition(), () => stopped);
+        if (upper) {
+          covered = floor ?? upper;
+          if (floor) await this.replay(floor, upper, filter, emit, () => stopped);
+          for (const batch of buffered.splice(0)) enqueue(batch);
+          buffered = null;
+          await stop;
+        }
       } finally {
+        stopped = true;
         this.streams.delete(stream);
       }
     });
+  }
+
+  /** Everything `upper` sees and `floor` does not, matching `filter`, page by page. */
+  private async replay(
+    floor: Snapshot,
+    upper: Snapshot,
+    filter: ExecutionFilter,
+    emit: (batch: FeedBatch) => Promise<void>,
+    stopped: () => boolean,
+  ): Promise<void> {
+    let after: Change | undefined;
+    while (!stopped()) {
+      const page = await this.untilRead(
+        () => this.engine.readChanges(floor, { filter, limit: REPLAY_PAGE, upTo: upper, after: after && { writer: after.writer, order: after.order } }),
+        stopped,
+      );
+      if (!page) return;
+      const final = page.changes.length < REPLAY_PAGE;
+      after = page.changes.at(-1);
+      await emit({ upper, changes: page.changes, through: final ? upper.xmax : after!.writer });
+      if (final) return;
+    }
+  }
+
+  /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left). */
+  private async untilRead<T>(read: () => Promise<T>, stopped: () => boolean): Promise<T | null> {
+    for (let backoff = 250; ; backoff = Math.min(backoff * 2, 5000)) {
+      if (stopped() || this.closed) return null;
+      try {
+        return await read();
+      } catch (error) {
+        this.logger.warn({ err: toError(error) }, 'a subscription could not read the change feed; retrying');
+        await sleep(backoff);
+      }
+    }
   }
 }

@@ -5,6 +5,8 @@
  * conformance suite in test/conformance.ts.
  */
 
+import type { Snapshot } from './changeCursor.js';
+
 export const EXECUTION_STATUSES = ['WAITING', 'PENDING', 'RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
 export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
 export const TERMINAL_STATUSES: ReadonlySet<ExecutionStatus> = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
@@ -204,22 +206,47 @@ export interface ExecutionPage {
   hasPreviousPage: boolean;
 }
 
-/** A status change. Live events carry the status of the change itself; replayed ones the row's latest. */
+/**
+ * A status change as a subscriber sees it. `execution` is the row as that change left it
+ * and `status` is its status (they always agree); `cursor` resumes a stream right after it.
+ */
 export interface ExecutionEvent {
   cursor: string;
   status: ExecutionStatus;
   execution: Execution;
 }
 
-/** Where a listener delivers what it hears. */
+/** One change of an execution row, as the change feed reads it (see changeCursor.ts). */
+export interface Change {
+  /** The writer that made it: transaction id (PostgreSQL) or rowversion (SQL Server). */
+  writer: bigint;
+  /** Its order among one writer's changes; per execution it grows with every change. */
+  order: bigint;
+  /** The row as this change left it. */
+  execution: Execution;
+}
+
+export interface ChangePage {
+  /** The snapshot the read saw: the page holds only changes it sees. */
+  position: Snapshot;
+  /** In (writer, order) order. */
+  changes: Change[];
+}
+
+export interface ChangeRead {
+  filter?: ExecutionFilter;
+  limit: number;
+  /** Only changes this snapshot sees (the later pages of one read); default: the read's own snapshot. */
+  upTo?: Snapshot;
+  /** Only changes after this one, in (writer, order) order (the next page). */
+  after?: { writer: bigint; order: bigint };
+}
+
+/** Where a listener says that something may have changed. Hints only: the table is the truth. */
 export interface ListenerSink {
-  /** Status changes, in commit order while connected. May repeat a change already delivered. */
-  onEvents(events: ExecutionEvent[]): void;
-  /** The listener reconnected after a loss: anything may have been missed; catch up from the table. */
-  onReconnect(): void;
+  /** A change was heard (or may have been missed, after a reconnect): read the change feed. */
+  onChange(): void;
   onError(error: Error): void;
-  /** Optional: whether anyone waits for this execution's changes (engines may skip loading the rest). */
-  interested?(executionId: string): boolean;
 }
 
 export interface Closeable {
@@ -283,10 +310,13 @@ export interface Engine<Tx = unknown> {
   getExecutions(tokens: readonly string[]): Promise<Execution[]>;
   listExecutions(filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage>;
   countExecutions(filter: ExecutionFilter): Promise<number>;
-  /** Changes after `cursor` (all retained when null), oldest first, one per execution, at most `limit`. */
-  eventsSince(cursor: string | null, filter: ExecutionFilter, limit: number): Promise<ExecutionEvent[]>;
-  /** The newest change cursor (where a live stream that replays nothing starts). */
-  latestCursor(): Promise<string | null>;
+  /**
+   * The change feed: the latest change of every execution that `since` does not see,
+   * at most `read.limit`, in (writer, order) order, with the snapshot the read saw.
+   */
+  readChanges(since: Snapshot, read: ChangeRead): Promise<ChangePage>;
+  /** The feed's position now: a reader there has nothing older left to read. */
+  currentPosition(): Promise<Snapshot>;
   listProcedures(): Promise<Procedure[]>;
   registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;
   /** Every queue with its counts; `recent` covers executions that ended within the last `recentSeconds` (default 3600). */

@@ -241,28 +241,75 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.equal(await engine.countExecutions({ procedure: 'demo.nothing-like-this' }), 0);
     });
 
-    it('events: the listener hears every status change, and the table replays what changed after a cursor', async () => {
-      const heard: ExecutionEvent[] = [];
-      const listener = await engine.startListener({
-        onEvents: (events) => heard.push(...events),
-        onReconnect: () => undefined,
-        onError: () => undefined,
-      });
+    it('change feed: the listener says when something changed; a read returns each execution changed since a position once, as it is now', async () => {
+      let changes = 0;
+      const listener = await engine.startListener({ onChange: () => changes++, onError: () => undefined });
       try {
-        const cursor = await engine.latestCursor();
+        const start = await engine.currentPosition();
         const [execution] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }]);
         await finished([execution.token]);
-        await waitFor(async () => heard.some((e) => e.execution.token === execution.token && e.status === 'SUCCEEDED'), 10_000, 'completion event');
-        const replayed = await engine.eventsSince(cursor, {}, 100);
-        const mine = replayed.filter((e) => e.execution.token === execution.token);
-        assert.equal(mine.length, 1, 'one replayed change per execution: its latest');
-        assert.equal(mine[0].status, 'SUCCEEDED');
-        const filtered = await engine.eventsSince(cursor, { procedure: 'demo.record' }, 100);
-        assert.ok(filtered.every((e) => e.execution.procedure === 'demo.record'));
-        assert.deepEqual(await engine.eventsSince(await engine.latestCursor(), {}, 100), []);
+        await waitFor(async () => changes > 0, 10_000, 'a change to be heard');
+        const page = await engine.readChanges(start, { limit: 1000 });
+        const mine = page.changes.filter((c) => c.execution.token === execution.token);
+        assert.equal(mine.length, 1, 'one change per execution: its latest');
+        assert.equal(mine[0].execution.status, 'SUCCEEDED');
+        const keys = page.changes.map((c) => [c.writer, c.order] as const);
+        assert.deepEqual([...keys].sort((a, b) => (a[0] === b[0] ? Number(a[1] - b[1]) : a[0] < b[0] ? -1 : 1)), keys, 'in (writer, order) order');
+        const filtered = await engine.readChanges(start, { filter: { procedure: 'demo.record' }, limit: 1000 });
+        assert.ok(filtered.changes.every((c) => c.execution.procedure === 'demo.record'));
+        const later = await engine.readChanges(page.position, { limit: 1000 });
+        assert.ok(!later.changes.some((c) => c.execution.token === execution.token), 'nothing the position has seen is read again');
       } finally {
         await listener.close();
       }
+    });
+
+    it('change feed: a change that commits after a newer one is still read from a position taken between them', async () => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => (release = resolve));
+      let entered!: () => void;
+      const opened = new Promise<void>((resolve) => (entered = resolve));
+      const queue = unique('held');
+      await engine.configureQueue(queue, 1);
+      const start = await engine.currentPosition();
+      // the older writer: it enqueues first and commits last
+      const slow = engine.withTransaction(async (tx) => {
+        const execution = await engine.invoke(tx, { procedure: 'demo.record', arguments: { tag: unique('slow') }, queue, runAt: new Date(Date.now() + 3_600_000) });
+        entered();
+        await gate;
+        return execution;
+      });
+      await opened;
+      const [fast] = await submit([{ procedure: 'demo.record', arguments: { tag: unique('fast') }, queue, runAt: new Date(Date.now() + 3_600_000) }]);
+      const first = await engine.readChanges(start, { filter: { queue }, limit: 100 });
+      assert.deepEqual(first.changes.map((c) => c.execution.token), [fast.token], 'the committed change only');
+      release();
+      const older = await slow;
+      const second = await engine.readChanges(first.position, { filter: { queue }, limit: 100 });
+      assert.deepEqual(second.changes.map((c) => c.execution.token), [older.token], 'the late commit is read from the later position');
+      for (const e of [fast, older]) await engine.cancelExecution(e.token);
+    });
+
+    it('change feed: pages of one read (upTo, after) return every change exactly once', async () => {
+      const queue = unique('pages');
+      await engine.configureQueue(queue, 1);
+      const start = await engine.currentPosition();
+      const executions = await submit(
+        Array.from({ length: 7 }, (_, i) => ({ procedure: 'demo.record', arguments: { tag: `p${i}` }, queue, runAt: new Date(Date.now() + 3_600_000) })),
+      );
+      const seen: string[] = [];
+      let upTo: Awaited<ReturnType<typeof engine.currentPosition>> | undefined;
+      let after: { writer: bigint; order: bigint } | undefined;
+      for (let pages = 0; pages < 10; pages++) {
+        const page = await engine.readChanges(start, { filter: { queue }, limit: 3, upTo, after });
+        upTo ??= page.position;
+        seen.push(...page.changes.map((c) => c.execution.token));
+        if (page.changes.length < 3) break;
+        const last = page.changes.at(-1)!;
+        after = { writer: last.writer, order: last.order };
+      }
+      assert.deepEqual(seen.sort(), executions.map((e) => e.token).sort());
+      for (const e of executions) await engine.cancelExecution(e.token);
     });
 
     it('queues: configureQueue creates a queue and changes its limit; bad names and limits are refused', async () => {

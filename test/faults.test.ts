@@ -197,6 +197,7 @@ describe('faults', () => {
 
   it('a batch whose running stage loses its worker (SIGKILL): the next stage is released once, and the subscriber hears the end', async () => {
     const hub = new CompletionHub(engine, silentLogger);
+    await hub.start();
     const listener = await engine.startListener(hub);
     const doomed = cli('worker');
     try {
@@ -229,6 +230,7 @@ describe('faults', () => {
     } finally {
       await stopChild(doomed, 'SIGKILL');
       await listener.close();
+      await hub.close();
     }
   });
 

@@ -1,3 +1,4 @@
+import { formatSnapshot } from '../changeCursor.js';
 import {
   EXECUTION_STATUSES,
   type Attempt,
@@ -117,6 +118,11 @@ function checkPageCursor(cursor: string | null | undefined): string | null {
 }
 
 builder.queryFields((t) => ({
+  changeCursor: t.string({
+    description:
+      'Where the change feed is now. Pass it as `after` to `executionEvents` to miss nothing from this moment on, also when a stream drops before its first event.',
+    resolve: (_root, _args, { engine }) => guard(async () => formatSnapshot(await engine.currentPosition())),
+  }),
   execution: t.field({
     type: ExecutionRef,
     nullable: true,

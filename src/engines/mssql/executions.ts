@@ -1,9 +1,11 @@
 import sql from 'mssql';
+import { sees, type Snapshot } from '../../changeCursor.js';
 import {
   EngineError,
   type Execution,
   type ExecutionError,
-  type ExecutionEvent,
+  type ChangePage,
+  type ChangeRead,
   type ExecutionFilter,
   type ExecutionPage,
   type ExecutionStatus,
@@ -188,36 +190,55 @@ export async function countExecutions(db: Queryable, filter: ExecutionFilter): P
   return Number(result.recordset[0].n);
 }
 
+const rowversion = (value: bigint) => {
+  const buffer = Buffer.alloc(8);
+  buffer.writeBigUInt64BE(value);
+  return buffer;
+};
+
 /**
- * Rows changed after `cursor`, oldest change first. Only rowversions below
- * MIN_ACTIVE_ROWVERSION() are read: a transaction still open may yet commit a
- * smaller rowversion than one already committed, and a cursor must never pass it.
+ * The change feed (see src/changeCursor.ts), by rowversion. A transaction still open may
+ * yet commit a rowversion below one already committed, so a read sees only rowversions
+ * below MIN_ACTIVE_ROWVERSION(), taken before the read: every one of those has committed.
+ * The position is then a snapshot with no in-progress list (xmin = xmax = that value).
+ * Positions this engine hands out never list writers in progress; for one that does, the
+ * read starts at its xmin and what it saw already is left out here.
  */
-export async function eventsSince(db: Queryable, cursor: string | null, filter: ExecutionFilter, limit: number): Promise<ExecutionEvent[]> {
+export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRead): Promise<ChangePage> {
   const req = request(db);
-  const conditions = where(req, filter);
-  conditions.push('e.row_version < MIN_ACTIVE_ROWVERSION()');
-  if (cursor !== null) {
-    req.input('cursor', sql.VarBinary(8), rowversionFromCursor(cursor));
-    conditions.push('e.row_version > @cursor');
+  const conditions = where(req, read.filter ?? {});
+  req.input('from', sql.VarBinary(8), rowversion(since.xip.length ? since.xmin : since.xmax));
+  conditions.push('e.row_version >= @from');
+  conditions.push('e.row_version < @upto');
+  if (read.after) {
+    req.input('after', sql.VarBinary(8), rowversion(read.after.writer));
+    conditions.push('e.row_version > @after');
   }
-  req.input('take', sql.Int, Math.max(0, Math.min(Math.trunc(limit), 10_000)));
+  req.input('take', sql.Int, Math.max(1, Math.min(Math.trunc(read.limit), 10_000)));
+  req.input('given', sql.VarBinary(8), read.upTo ? rowversion(read.upTo.xmax) : null);
   const result = await req.query<ExecutionRow>(
-    `SELECT TOP (@take) ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e ${clause(conditions)}
-      ORDER BY e.row_version`,
+    `DECLARE @upto binary(8) = COALESCE(@given, CONVERT(binary(8), MIN_ACTIVE_ROWVERSION()));
+     SELECT TOP (@take) ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e ${clause(conditions)}
+      ORDER BY e.row_version;
+     SELECT @upto AS upto;`,
   );
-  return result.recordset.map((row) => {
-    const execution = toExecution(row);
-    return { cursor: execution.cursor, status: execution.status, execution };
-  });
+  const recordsets = result.recordsets as unknown as [ExecutionRow[], { upto: Buffer }[]];
+  const upto = Buffer.from(recordsets[1][0].upto).readBigUInt64BE();
+  const position = read.upTo ?? { xmin: upto, xmax: upto, xip: [] };
+  const changes = recordsets[0]
+    .map((row) => {
+      const writer = Buffer.from(row.row_version).readBigUInt64BE();
+      return { writer, order: writer, execution: toExecution(row) };
+    })
+    .filter((change) => !sees(since, change.writer));
+  return { position, changes };
 }
 
-/** The cursor just below the oldest rowversion an open transaction may still commit. */
-export async function latestCursor(db: Queryable): Promise<string | null> {
-  const result = await request(db).query<{ v: Buffer }>(
-    'SELECT CONVERT(binary(8), CONVERT(bigint, MIN_ACTIVE_ROWVERSION()) - 1) AS v',
-  );
-  return cursorFromRowversion(result.recordset[0].v);
+/** Every rowversion below MIN_ACTIVE_ROWVERSION() has committed. */
+export async function currentPosition(db: Queryable): Promise<Snapshot> {
+  const result = await request(db).query<{ v: Buffer }>('SELECT CONVERT(binary(8), MIN_ACTIVE_ROWVERSION()) AS v');
+  const value = Buffer.from(result.recordset[0].v).readBigUInt64BE();
+  return { xmin: value, xmax: value, xip: [] };
 }
 
 /** How many rows a listing returns at most. */

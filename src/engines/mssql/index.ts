@@ -1,4 +1,5 @@
 import sql from 'mssql';
+import type { Snapshot } from '../../changeCursor.js';
 import {
   EngineError,
   type ActivatorOptions,
@@ -7,7 +8,8 @@ import {
   type Closeable,
   type Engine,
   type Execution,
-  type ExecutionEvent,
+  type ChangePage,
+  type ChangeRead,
   type ExecutionFilter,
   type ExecutionPage,
   type InvokeCall,
@@ -25,7 +27,7 @@ import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { cancelBatch } from './cancelBatch.js';
 import { checkBroker, checkOwner, checkQueues } from './checks.js';
 import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
-import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions, listRunning } from './executions.js';
+import { countExecutions, currentPosition, getExecutions, listExecutions, listRunning, readChanges } from './executions.js';
 import { isToken } from './types.js';
 import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
@@ -139,11 +141,11 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   countExecutions(filter: ExecutionFilter): Promise<number> {
     return countExecutions(this.pool, filter);
   }
-  eventsSince(cursor: string | null, filter: ExecutionFilter, limit: number): Promise<ExecutionEvent[]> {
-    return eventsSince(this.pool, cursor, filter, limit);
+  readChanges(since: Snapshot, read: ChangeRead): Promise<ChangePage> {
+    return readChanges(this.pool, since, read);
   }
-  latestCursor(): Promise<string | null> {
-    return latestCursor(this.pool);
+  currentPosition(): Promise<Snapshot> {
+    return currentPosition(this.pool);
   }
   listProcedures(): Promise<Procedure[]> {
     return listProcedures(this.pool);

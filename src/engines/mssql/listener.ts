@@ -1,13 +1,12 @@
 import sql from 'mssql';
-import { toError, type Closeable, type ExecutionEvent, type ExecutionStatus, type ListenerSink } from '../../engine.js';
+import { toError, type Closeable, type ListenerSink } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { eventsSince, getExecutionsById, latestCursor } from './executions.js';
 
 export interface MssqlListenerOptions {
   config: sql.config;
   sink: ListenerSink;
   logger: Logger;
-  /** WAITFOR … TIMEOUT of one RECEIVE, and the period of the table catch-up. @default 1000 */
+  /** WAITFOR … TIMEOUT of one RECEIVE. @default 1000 */
   waitMs?: number;
   /** Most messages taken per round trip. @default 500 */
   batchSize?: number;
@@ -61,27 +60,17 @@ SELECT CAST(message_body AS xml).value('(/status/@id)[1]', 'bigint') AS id,
  ORDER BY queuing_order;`;
 }
 
-interface StatusMessage {
-  id: string | number;
-  status: ExecutionStatus;
-  cursor: string;
-}
-
 /**
- * Feeds the completion hub from the notification queue, on a connection of its own.
- * Messages give each status change as it commits; a catch-up read of the table by
- * rowversion after every round trip covers what this process did not receive (another
- * instance's listener took it, or it happened while disconnected) and submissions,
- * which send nothing to the listener.
+ * Wakes the completion hub from the notification queue, on a connection of its own.
+ * A message says that a status change committed; the hub then reads the change feed
+ * (the table is the truth), which also covers what this process did not receive
+ * (another instance's listener took it, or it happened while disconnected).
  */
 export class MssqlListener implements Closeable {
   private pool: sql.ConnectionPool | undefined;
   private pending: sql.Request | undefined;
   private closed = false;
   private loop: Promise<void> | undefined;
-  private cursor: string | null = null;
-  /** Latest cursor delivered per execution id, so the catch-up does not repeat the messages. */
-  private readonly delivered = new Map<string, string>();
   private readonly waitMs: number;
   private readonly batchSize: number;
   private readonly maxBackoffMs: number;
@@ -93,8 +82,7 @@ export class MssqlListener implements Closeable {
   }
 
   async start(): Promise<void> {
-    const pool = await this.connect();
-    this.cursor = await latestCursor(pool);
+    await this.connect();
     this.loop = this.run();
   }
 
@@ -126,7 +114,7 @@ export class MssqlListener implements Closeable {
         if (lost) {
           lost = false;
           this.options.logger.info('listener reconnected');
-          this.safely(() => this.options.sink.onReconnect());
+          this.safely(() => this.options.sink.onChange());
         }
         await this.cycle(pool);
         backoff = 250;
@@ -146,54 +134,13 @@ export class MssqlListener implements Closeable {
   private async cycle(pool: sql.ConnectionPool): Promise<void> {
     const request = pool.request();
     this.pending = request;
-    let messages: StatusMessage[];
+    let received: number;
     try {
-      messages = (await request.batch<StatusMessage>(receiveBatch(this.waitMs, this.batchSize))).recordset ?? [];
+      received = (await request.batch(receiveBatch(this.waitMs, this.batchSize))).recordset?.length ?? 0;
     } finally {
       this.pending = undefined;
     }
-    if (this.closed) return;
-    if (messages.length) {
-      const executions = new Map(
-        (await getExecutionsById(pool, [...new Set(messages.map((m) => String(m.id)))])).map((e) => [e.id, e]),
-      );
-      const events: ExecutionEvent[] = [];
-      for (const message of messages) {
-        const execution = executions.get(String(message.id));
-        if (!execution) continue; // purged since
-        events.push({ cursor: message.cursor, status: message.status, execution });
-        this.remember(execution.id, message.cursor);
-      }
-      if (events.length) this.safely(() => this.options.sink.onEvents(events));
-    }
-    await this.catchUp(pool);
-  }
-
-  private async catchUp(pool: sql.ConnectionPool): Promise<void> {
-    for (;;) {
-      const changes = await eventsSince(pool, this.cursor, {}, this.batchSize);
-      if (!changes.length) return;
-      this.cursor = changes[changes.length - 1].cursor;
-      const unseen = changes.filter((event) => {
-        const seen = this.delivered.get(event.execution.id);
-        return seen === undefined || seen < event.cursor;
-      });
-      for (const event of unseen) this.remember(event.execution.id, event.cursor);
-      if (unseen.length) this.safely(() => this.options.sink.onEvents(unseen));
-      this.prune();
-      if (changes.length < this.batchSize || this.closed) return;
-    }
-  }
-
-  private remember(id: string, cursor: string): void {
-    const seen = this.delivered.get(id);
-    if (seen === undefined || seen < cursor) this.delivered.set(id, cursor);
-  }
-
-  /** Entries at or below the catch-up cursor can no longer be repeated by it. */
-  private prune(): void {
-    if (this.cursor === null || this.delivered.size < 10_000) return;
-    for (const [id, cursor] of this.delivered) if (cursor <= this.cursor) this.delivered.delete(id);
+    if (!this.closed && received) this.safely(() => this.options.sink.onChange());
   }
 
   private safely(fn: () => void): void {

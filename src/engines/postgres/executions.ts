@@ -1,5 +1,6 @@
 import type pg from 'pg';
-import { isUuid, type Execution, type ExecutionEvent, type ExecutionFilter, type ExecutionPage, type PageRequest } from '../../engine.js';
+import { formatSnapshot, parseSnapshot, type Snapshot } from '../../changeCursor.js';
+import { isUuid, type ChangePage, type ChangeRead, type Execution, type ExecutionFilter, type ExecutionPage, type PageRequest } from '../../engine.js';
 import { EXECUTION_COLUMNS, filterSql, toExecution, type ExecutionRow } from './rows.js';
 
 export async function getExecutions(pool: pg.Pool, tokens: readonly string[]): Promise<Execution[]> {
@@ -56,23 +57,44 @@ export async function countExecutions(pool: pg.Pool, filter: ExecutionFilter): P
   return Number(rows[0].n);
 }
 
-/** The latest state of every execution changed after `cursor`, in change order. */
-export async function eventsSince(
-  pool: pg.Pool,
-  cursor: string | null,
-  filter: ExecutionFilter,
-  limit: number,
-): Promise<ExecutionEvent[]> {
-  const { where, params } = filterSql(filter, 2);
-  const { rows } = await pool.query<ExecutionRow>(
-    `select ${EXECUTION_COLUMNS} from asyncproc.executions e
-      where e.seq > $1::bigint and ${where} order by e.seq limit $2`,
-    [cursor ?? '0', limit, ...params],
+/**
+ * The change feed (see src/changeCursor.ts). The rows `since` does not see are those whose
+ * writer is at or past its xmax or in its in-progress list: two index conditions on xid,
+ * so a long transaction in progress at `since` costs one lookup, not a scan from its xid.
+ * The first page returns the snapshot its own statement read with; later pages of the
+ * same read pass it as `upTo`, so a page never holds a change the first one could not see.
+ */
+export async function readChanges(pool: pg.Pool, since: Snapshot, read: ChangeRead): Promise<ChangePage> {
+  const params: unknown[] = [formatSnapshot(since)];
+  const clauses = [`(e.xid >= pg_snapshot_xmax($1::pg_snapshot) or e.xid = any(array(select pg_snapshot_xip($1::pg_snapshot))))`];
+  if (read.upTo) {
+    params.push(formatSnapshot(read.upTo));
+    clauses.push(`pg_visible_in_snapshot(e.xid, $${params.length}::pg_snapshot)`);
+  }
+  if (read.after) {
+    params.push(read.after.writer.toString(), read.after.order.toString());
+    clauses.push(`(e.xid, e.seq) > ($${params.length - 1}::xid8, $${params.length}::bigint)`);
+  }
+  const filter = filterSql(read.filter ?? {}, params.length);
+  params.push(...filter.params, Math.max(1, Math.min(read.limit, 10_000)));
+  const { rows } = await pool.query<ExecutionRow & { position: string; writer: string | null }>(
+    `select p.position::text as position, e.*
+       from (select pg_current_snapshot() as position) p
+       left join lateral (
+         select ${EXECUTION_COLUMNS}, e.xid::text as writer from asyncproc.executions e
+          where ${clauses.join(' and ')} and ${filter.where}
+          order by e.xid, e.seq limit $${params.length}) e on true`,
+    params,
   );
-  return rows.map((row) => ({ cursor: row.seq, status: row.status, execution: toExecution(row) }));
+  const position = read.upTo ?? parseSnapshot(rows[0].position)!;
+  const changes = rows
+    .filter((row) => row.writer !== null)
+    .map((row) => ({ writer: BigInt(row.writer!), order: BigInt(row.seq), execution: toExecution(row) }));
+  return { position, changes };
 }
 
-export async function latestCursor(pool: pg.Pool): Promise<string | null> {
-  const { rows } = await pool.query<{ seq: string | null }>('select max(seq)::text as seq from asyncproc.executions');
-  return rows[0].seq;
+/** The feed's position now: the snapshot of this statement. */
+export async function currentPosition(pool: pg.Pool): Promise<Snapshot> {
+  const { rows } = await pool.query<{ position: string }>('select pg_current_snapshot()::text as position');
+  return parseSnapshot(rows[0].position)!;
 }

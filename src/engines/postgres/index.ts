@@ -1,6 +1,8 @@
 import pg from 'pg';
+import type { Snapshot } from '../../changeCursor.js';
 import type {
   ActivatorOptions,
+  ChangeRead,
   Batch,
   Closeable,
   Engine,
@@ -14,7 +16,7 @@ import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
-import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
+import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
 import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
@@ -146,11 +148,11 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   countExecutions(filter: Parameters<typeof countExecutions>[1]) {
     return countExecutions(this.pool, filter);
   }
-  eventsSince(cursor: string | null, filter: Parameters<typeof eventsSince>[2], limit: number) {
-    return eventsSince(this.pool, cursor, filter, limit);
+  readChanges(since: Snapshot, read: ChangeRead) {
+    return readChanges(this.pool, since, read);
   }
-  latestCursor() {
-    return latestCursor(this.pool);
+  currentPosition() {
+    return currentPosition(this.pool);
   }
   listProcedures() {
     return listProcedures(this.pool);
@@ -194,7 +196,6 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   async startListener(sink: ListenerSink): Promise<PostgresListener> {
     const listener = new PostgresListener({
       connectionString: this.options.connectionString,
-      pool: this.pool,
       sink,
       logger: this.logger,
     });

@@ -10,7 +10,9 @@ const MAX_PAYLOAD = 7000;
  * from one connection with synchronous_commit off: a NOTIFY then holds the global
  * notify lock for microseconds instead of a WAL flush, so calls commit in parallel.
  * A notification lost here (a crash between commit and send) is a lost hint only:
- * the listener's periodic catch-up reads the table.
+ * every completion hub also reads the change feed once a second. One that could not be
+ * sent is sent again (other instances hear it at once rather than at their next read),
+ * and a connection that stops answering is given up after a timeout, not waited on.
  */
 export class Notifier {
   private client: pg.Client | null = null;
@@ -23,6 +25,8 @@ export class Notifier {
   constructor(
     private readonly connectionString: string,
     private readonly logger: Logger,
+    /** A send that has not answered by then is given up (and sent again on a new connection). @default 10000 */
+    private readonly timeoutMs = 10_000,
   ) {}
 
   event(executionId: string, seq: string, status: ExecutionStatus): void {
@@ -46,7 +50,15 @@ export class Notifier {
   private async connection(): Promise<pg.Client> {
     if (this.client) return this.client;
     this.connecting ??= (async () => {
-      const client = new pg.Client({ connectionString: this.connectionString, application_name: 'asyncproc notifier' });
+      const client = new pg.Client({
+        connectionString: this.connectionString,
+        application_name: 'asyncproc notifier',
+        keepAlive: true,
+        keepAliveInitialDelayMillis: 10_000,
+        // a half-open socket fails the send within seconds instead of stalling every notification
+        query_timeout: this.timeoutMs,
+        connectionTimeoutMillis: this.timeoutMs,
+      });
       client.on('error', () => {
         if (this.client === client) this.client = null;
       });
@@ -60,11 +72,14 @@ export class Notifier {
 
   private async flush(): Promise<void> {
     let failed = false;
+    let unsent: string[] = [];
+    let unsentWakes: string[] = [];
     try {
       while ((this.events.length || this.wakes.size) && !this.closed) {
         const payloads: string[] = [];
         let payload = '';
-        for (const event of this.events.splice(0)) {
+        const events = (unsent = this.events.splice(0));
+        for (const event of events) {
           if (payload.length + event.length + 1 > MAX_PAYLOAD) {
             payloads.push(payload);
             payload = '';
@@ -72,7 +87,7 @@ export class Notifier {
           payload = payload ? `${payload};${event}` : event;
         }
         if (payload) payloads.push(payload);
-        const wakes = [...this.wakes];
+        const wakes = (unsentWakes = [...this.wakes]);
         this.wakes.clear();
         const client = await this.connection();
         await client.query(
@@ -80,10 +95,14 @@ export class Notifier {
            union all select pg_notify('asyncproc_wake', q) from unnest($2::text[]) q`,
           [payloads, wakes],
         );
+        unsent = unsentWakes = [];
       }
     } catch (error) {
       failed = true;
-      this.logger.warn({ err: toError(error) }, 'notifier could not send; listeners catch up from the table');
+      // sent again with what came since (bounded: listeners read the feed anyway)
+      this.events = [...unsent, ...this.events].slice(-100_000);
+      for (const queue of unsentWakes) this.wakes.add(queue);
+      this.logger.warn({ err: toError(error) }, 'notifier could not send; will send again (listeners also read the feed)');
       this.client?.end().catch(() => undefined);
       this.client = null;
     } finally {

@@ -1,0 +1,81 @@
+/**
+ * Positions in the change feed, and the cursors clients resume from.
+ *
+ * Every change of an execution row is stamped with a number that says which writer made
+ * it: the writing transaction's id on PostgreSQL (`pg_current_xact_id()`), the rowversion
+ * on SQL Server. Those numbers are handed out when the write happens, not when it commits,
+ * so "everything up to n" is not a safe cursor: n may be seen while n - 1 is still open
+ * and commits later. A position is therefore a snapshot in PostgreSQL's sense — xmin,
+ * xmax and the in-progress list between them — and says exactly which writers it has
+ * seen: every number below xmin, none from xmax on, and between them all but the listed
+ * ones. A reader that read with snapshot S has read every change S sees; the changes it
+ * has not read are exactly those S does not see, however late they commit, and no reader
+ * waits for a long transaction to end before it may move on.
+ *
+ * SQL Server positions are snapshots with no in-progress list (every rowversion below
+ * MIN_ACTIVE_ROWVERSION() has committed, none above is read yet).
+ *
+ * The text form is PostgreSQL's own (`xmin:xmax:xip,xip`), decimal.
+ */
+
+export interface Snapshot {
+  xmin: bigint;
+  xmax: bigint;
+  /** Writers in progress at the snapshot, ascending, each in [xmin, xmax). */
+  xip: readonly bigint[];
+}
+
+/** A client's cursor is refused beyond this size (a real one lists the writers in progress). */
+const MAX_CURSOR_LENGTH = 65_536;
+const SNAPSHOT = /^(\d{1,20}):(\d{1,20}):((?:\d{1,20})(?:,\d{1,20})*)?$/;
+const MAX_XID = (1n << 64n) - 1n;
+
+/** Parses a position; null when the text is not one (wrong shape, out of order, out of range). */
+export function parseSnapshot(text: string): Snapshot | null {
+  if (text.length > MAX_CURSOR_LENGTH) return null;
+  const match = SNAPSHOT.exec(text);
+  if (!match) return null;
+  const xmin = BigInt(match[1]);
+  const xmax = BigInt(match[2]);
+  const xip = match[3] ? match[3].split(',').map(BigInt) : [];
+  if (xmax > MAX_XID || xmin > xmax) return null;
+  let last = -1n;
+  for (const x of xip) {
+    if (x < xmin || x >= xmax || x <= last) return null;
+    last = x;
+  }
+  return { xmin, xmax, xip };
+}
+
+export function formatSnapshot(snapshot: Snapshot): string {
+  return `${snapshot.xmin}:${snapshot.xmax}:${snapshot.xip.join(',')}`;
+}
+
+/** Whether the writer `x` is seen by the snapshot (its changes were read). */
+export function sees(snapshot: Snapshot, x: bigint): boolean {
+  if (x < snapshot.xmin) return true;
+  if (x >= snapshot.xmax) return false;
+  return !snapshot.xip.includes(x);
+}
+
+/**
+ * The position that sees what `floor` sees and, of what `upper` sees, the writers below
+ * `bound`. A reader at `floor` that then read `upper`'s changes in writer order up to
+ * `bound` is exactly there. `bound` may not exceed upper.xmax.
+ */
+export function extend(floor: Snapshot, upper: Snapshot, bound: bigint): Snapshot {
+  const below = bound < upper.xmax ? bound : upper.xmax;
+  const xmax = floor.xmax > below ? floor.xmax : below;
+  const unseen = new Set<bigint>();
+  // below the bound: unseen when neither sees it (under upper.xmax, upper misses only its xip)
+  for (const x of upper.xip) if (x < below && !sees(floor, x)) unseen.add(x);
+  // from the bound to floor.xmax: what floor misses there
+  for (const x of floor.xip) if (x >= below) unseen.add(x);
+  const xip = [...unseen].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  return { xmin: xip.length ? xip[0] : xmax, xmax, xip };
+}
+
+/** The position that sees everything either sees (a later read is usually a superset). */
+export function union(a: Snapshot, b: Snapshot): Snapshot {
+  return extend(a, b, b.xmax);
+}

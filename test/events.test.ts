@@ -1,0 +1,178 @@
+/**
+ * "Every completion heard", tried as a hostile world would: clients that drop and resume
+ * from their cursor all the time, database users that NOTIFY garbage on our channels,
+ * notifications that are never sent, a notifier whose link goes half-open.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
+import { createClient } from 'graphql-ws';
+import WebSocket from 'ws';
+import { Notifier } from '../src/engines/postgres/notifier.js';
+import { silentLogger } from '../src/logger.js';
+import { startDemoDatabase, sleep, waitFor, type DemoDatabase } from './support/database.js';
+import { startTestApp, type TestApp } from './support/app.js';
+import { startProxy } from './support/proxy.js';
+
+let db: DemoDatabase;
+let t: TestApp;
+
+before(async () => {
+  db = await startDemoDatabase();
+  t = await startTestApp(db.url);
+});
+
+after(async () => {
+  await t?.stop();
+  await db?.engine.close();
+  await db?.sql.end();
+  await db?.cluster.stop();
+});
+
+const EVENTS = `subscription($f: ExecutionFilter, $after: String) {
+  executionEvents(filter: $f, after: $after) { cursor status execution { token status } } }`;
+
+interface Resumer {
+  tokens: Map<string, number>;
+  resumes: number;
+  stop(): Promise<void>;
+}
+
+/**
+ * A client that drops its WebSocket every 100–300 ms and resumes on a new one from the
+ * cursor of the last event it saw, until stopped; counts what it received per token.
+ */
+function resumer(url: string, filter: Record<string, unknown>, start: string): Resumer {
+  const tokens = new Map<string, number>();
+  let cursor = start;
+  let stopping = false;
+  const state: Resumer = {
+    tokens,
+    resumes: 0,
+    stop: async () => {
+      stopping = true;
+      await running;
+    },
+  };
+  const running = (async () => {
+    while (!stopping) {
+      const client = createClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0, lazy: true });
+      const iterator: AsyncIterableIterator<any> = client.iterate({ query: EVENTS, variables: { f: filter, after: cursor } });
+      const drop = sleep(100 + Math.random() * 200).then(() => iterator.return?.());
+      try {
+        for await (const result of iterator) {
+          assert.equal(result.errors, undefined, JSON.stringify(result.errors));
+          const event = (result.data as any).executionEvents;
+          assert.equal(event.status, event.execution.status, 'an event describes its own moment');
+          tokens.set(event.execution.token, (tokens.get(event.execution.token) ?? 0) + 1);
+          cursor = event.cursor;
+        }
+      } finally {
+        await drop;
+        await client.dispose();
+      }
+      state.resumes++;
+    }
+  })();
+  return state;
+}
+
+describe('executionEvents under a reconnect storm', () => {
+  it('20 clients that drop and resume from their cursor every ~200 ms while 3,000 calls run: each hears every completion, repeats at most once per resume', async () => {
+    const filter = { procedure: 'demo.record', status: ['SUCCEEDED'] };
+    const start = (await t.gql(`{ changeCursor }`)).body.data.changeCursor;
+    const clients = Array.from({ length: 20 }, () => resumer(t.url, filter, start));
+    const total = Number(process.env.STORM_CALLS ?? 3000);
+    const submitted: string[] = [];
+    const chunk = async (n: number) => {
+      const inputs = Array.from({ length: 100 }, (_, i) => ({ procedure: 'demo.record', arguments: { tag: `storm-${n}-${i}` } }));
+      const { body } = await t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, { i: inputs });
+      assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+      submitted.push(...body.data.invokeMany.executions.map((e: { token: string }) => e.token));
+    };
+    // three submitters at once, so submissions and completions commit out of order
+    for (let n = 0; n < total / 100; n += 3) await Promise.all([chunk(n), chunk(n + 1), chunk(n + 2)]);
+    await waitFor(
+      async () => (await db.engine.countExecutions({ procedure: 'demo.record', status: ['SUCCEEDED'] })) >= total,
+      120_000,
+      'every call to succeed',
+    );
+    try {
+      await waitFor(async () => clients.every((c) => submitted.every((token) => c.tokens.has(token))), 60_000, 'every client to hear every completion').catch(() => undefined);
+    } finally {
+      await Promise.all(clients.map((c) => c.stop()));
+    }
+    let resumes = 0;
+    for (const [i, client] of clients.entries()) {
+      const missing = submitted.filter((token) => !client.tokens.has(token));
+      if (process.env.STORM_DEBUG) console.log(i, 'resumes', client.resumes, 'heard', client.tokens.size, 'missing', missing.length, 'first missing at', submitted.indexOf(missing[0]));
+      assert.equal(missing.length, 0, `client ${i} never heard ${missing.length} completions`);
+      const repeats = [...client.tokens.values()].reduce((sum, n) => sum + n - 1, 0);
+      assert.ok(repeats <= client.resumes, `client ${i}: ${repeats} repeats over ${client.resumes} resumes`);
+      resumes += client.resumes;
+    }
+    assert.ok(resumes >= 20 * 5, `the clients resumed ${resumes} times`);
+  });
+});
+
+describe('notifications are hints, never trusted', () => {
+  it('garbage NOTIFYs on our channels are ignored; the service stays up and still hears a change nobody notified', async () => {
+    const hostile = [
+      '3:null:SUCCEEDED',
+      '1:99999999999:x',
+      '999999999999999999999999:1:SUCCEEDED',
+      '',
+      ';;;',
+      'x'.repeat(7990),
+      '1:2:SUCCEEDED;oops',
+    ];
+    for (const payload of hostile) await db.sql.query(`select pg_notify('asyncproc_events', $1)`, [payload]);
+    await db.sql.query(`select pg_notify('asyncproc_wake', 'no such queue'), pg_notify('asyncproc_queues', '\\x00garbage')`);
+    await sleep(300);
+    assert.equal((await fetch(new URL('/health', t.url))).status, 200, 'the service still answers');
+
+    const client = t.ws();
+    const heard = (async () => {
+      for await (const result of client.iterate({ query: EVENTS, variables: { f: { procedure: 'demo.record', status: ['WAITING'] } } })) {
+        return (result.data as any).executionEvents;
+      }
+    })();
+    await sleep(500);
+    // enqueued by plain SQL with quiet => true: no notification at all, so only the feed's own poll finds it
+    const { rows } = await db.sql.query<{ token: string }>(
+      `select token from asyncproc.submit('demo.record', '{"tag": "quiet"}', run_at => now() + interval '1 hour', quiet => true)`,
+    );
+    const event = await Promise.race([heard, sleep(10_000).then(() => null)]);
+    assert.ok(event, 'the unnotified change reached the subscriber');
+    assert.equal(event.execution.token, rows[0].token);
+    await db.engine.cancelExecution(rows[0].token);
+  });
+});
+
+describe('notifier', () => {
+  it('a send lost on a half-open link is given up after its timeout and sent again', async () => {
+    const port = Number(new URL(db.url).port);
+    const proxy = await startProxy(port);
+    const viaProxy = Object.assign(new URL(db.url), { port: String(proxy.port) }).toString();
+    const notifier = new Notifier(viaProxy, silentLogger, 1000);
+    const listener = new pg.Client({ connectionString: db.url });
+    const heard: string[] = [];
+    try {
+      await listener.connect();
+      listener.on('notification', (msg) => heard.push(msg.payload ?? ''));
+      await listener.query('listen asyncproc_events');
+      notifier.event('1', '1', 'SUCCEEDED');
+      await waitFor(async () => heard.includes('1:1:SUCCEEDED'), 10_000, 'the first notification');
+      proxy.blackhole();
+      notifier.event('2', '2', 'SUCCEEDED');
+      await sleep(2500); // the send times out meanwhile, and so does a reconnect through the dark link
+      assert.ok(!heard.includes('2:2:SUCCEEDED'));
+      proxy.restore();
+      await waitFor(async () => heard.includes('2:2:SUCCEEDED'), 15_000, 'the notification sent again');
+    } finally {
+      await notifier.close();
+      await listener.end();
+      await proxy.close();
+    }
+  });
+});
