@@ -7,8 +7,8 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import type pg from 'pg';
-import type { Execution } from '../src/engine.js';
+import pg from 'pg';
+import type { Closeable, Execution } from '../src/engine.js';
 import { connectionConfig } from '../src/engines/postgres/connection.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
@@ -201,5 +201,128 @@ describe('lock keys (item 10)', () => {
     assert.deepEqual(holders.rows[0], { x: first.pid, y: second.pid });
     for (const [worker, id] of [[first, x.id], [second, y.id]] as const) await worker.query('select * from asyncproc.run($1, $2, null)', [id, 'w']);
     assert.deepEqual([(await row(x.id)).status, (await row(y.id)).status], ['SUCCEEDED', 'SUCCEEDED']);
+  });
+});
+
+describe('timeouts (item 6)', () => {
+  let activator: Closeable;
+  before(async () => {
+    await sql.query(`create procedure lc.timed(tag text, seconds double precision) language plpgsql as $$
+      begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$`);
+    await engine.configureQueue('lc_timeout', 2);
+    await engine.registerProcedure('lc.timed', { queue: 'lc_timeout', timeoutMs: 500 });
+    await engine.registerProcedure('lc.session', { queue: 'lc_timeout' });
+    activator = await engine.startActivator({ workerId: 'lc-timeouts', queues: ['lc_timeout'] });
+  });
+  after(() => activator?.close());
+
+  it("a procedure's timeoutMs ends a longer call as a failed attempt, retried like any failure", async () => {
+    const [slow, quick] = await engine.submit([
+      { procedure: 'lc.timed', arguments: { tag: 'timed-out', seconds: 3 }, maxAttempts: 2 },
+      { procedure: 'lc.timed', arguments: { tag: 'in-time', seconds: 0.05 } },
+    ]);
+    const [timedOut, inTime] = await finished([slow.token, quick.token], 20_000);
+    assert.equal(inTime.status, 'SUCCEEDED');
+    assert.equal(timedOut.status, 'FAILED');
+    assert.equal(timedOut.attempts, 2);
+    assert.equal(timedOut.error?.number, '57014');
+    assert.deepEqual(await attempts(slow.id), ['FAILED']);
+    assert.equal(await ledger('timed-out'), 0, "a timed-out call's writes are rolled back");
+    assert.equal(await ledger('in-time'), 1);
+  });
+
+  it('a call without a timeout runs with none, whatever the previous call on the session armed', async () => {
+    const [timed] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'arm', seconds: 0 } }]);
+    const [untimed] = await engine.submit([{ procedure: 'lc.session', arguments: {} }]);
+    const [, settings] = await finished([timed.token, untimed.token]);
+    assert.equal((settings.result?.returnValue as Record<string, string>).statement_timeout, '0');
+  });
+});
+
+/** Wait until every token has ended; their executions, in order. */
+const finished = (tokens: string[], timeoutMs = 15_000) =>
+  waitFor(
+    async () => {
+      const rows = await engine.getExecutions(tokens);
+      const ended = rows.every((r) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(r.status));
+      return ended ? tokens.map((token) => rows.find((r) => r.token === token)!) : null;
+    },
+    timeoutMs,
+    'every execution to end',
+  );
+
+describe("the server's defaults do not reach the engine's sessions (items 6, 7, 8)", () => {
+  for (const isolation of ['repeatable read', 'serializable']) {
+    it(`default_transaction_isolation = '${isolation}', statement_timeout = 300ms: batches settle, calls run once, in full`, async () => {
+      const name = `lc_${isolation.replace(' ', '_')}`;
+      const dbUrl = await cluster.createDatabase(name);
+      const setup = createPostgresEngine({ connectionString: dbUrl });
+      await setup.migrate();
+      await setup.installDemo();
+      await setup.pool.query(SCHEMA);
+      await setup.configureQueue('default', 4);
+      await setup.pool.query(`alter database ${name} set default_transaction_isolation = '${isolation}'`);
+      await setup.pool.query(`alter database ${name} set statement_timeout = '300ms'`);
+      await setup.close();
+
+      const defaulted = createPostgresEngine({ connectionString: dbUrl });
+      const activator = await defaulted.startActivator({ workerId: 'lc-defaults' });
+      try {
+        const sleep = (tag: string, seconds: number) => ({ procedure: 'lc.record_sleep', arguments: { tag, seconds } });
+        const batch = await defaulted.submitBatch([
+          [sleep('stage-1', 0.1), sleep('stage-1', 0.1), sleep('stage-1', 0.1), sleep('stage-1', 0.1)],
+          [sleep('stage-2', 0.1), sleep('stage-2', 0.1), { procedure: 'lc.session', arguments: {} }],
+        ]);
+        // longer than the server's statement_timeout, and allowed one attempt
+        const [long] = await defaulted.submit([{ ...sleep('long', 1), maxAttempts: 1 }]);
+        const ended = await waitFor(async () => {
+          const b = await defaulted.getBatch(batch.id);
+          return b && b.status !== 'RUNNING' ? b : null;
+        }, 30_000, 'the batch to end');
+        assert.equal(ended.status, 'SUCCEEDED');
+        const members = await defaulted.getBatchExecutions(batch.id);
+        assert.deepEqual(members.map((m) => m.status), members.map(() => 'SUCCEEDED'));
+        const longRun = await waitFor(async () => {
+          const [e] = await defaulted.getExecutions([long.token]);
+          return ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
+        }, 30_000, 'the long call to end');
+        assert.equal(longRun.status, 'SUCCEEDED', `${longRun.error?.number} ${longRun.error?.message}`);
+        const counts = await defaulted.pool.query(`select tag, count(*)::int as n from demo.ledger group by tag order by tag`);
+        assert.deepEqual(counts.rows, [{ tag: 'long', n: 1 }, { tag: 'stage-1', n: 4 }, { tag: 'stage-2', n: 2 }]);
+
+        // a worker session, seen from inside a call, and a pool session
+        const worker = members.find((m) => m.procedure === 'lc.session')!.result?.returnValue;
+        assert.deepEqual(worker, {
+          transaction_isolation: 'read committed',
+          statement_timeout: '0',
+          tcp_keepalives_idle: '10',
+          tcp_keepalives_interval: '5',
+          tcp_keepalives_count: '3',
+        });
+        const pool = (await defaulted.pool.query(`select current_setting('transaction_isolation') as iso, current_setting('tcp_keepalives_idle') as idle`)).rows[0];
+        assert.deepEqual(pool, { iso: 'read committed', idle: '10' });
+        // nothing SUCCEEDED was rewritten later (40001 on a settle, a bogus retry)
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        assert.deepEqual((await defaulted.getBatchExecutions(batch.id)).map((m) => m.status), members.map(() => 'SUCCEEDED'));
+      } finally {
+        await activator.close();
+        await defaulted.close();
+      }
+    });
+  }
+});
+
+describe('connection settings (items 7, 8)', () => {
+  it("every connection gets them, after any options the URL carries", async () => {
+    const withOptions = `${url}?options=${encodeURIComponent('-c search_path=demo,public')}`;
+    const client = new pg.Client(connectionConfig(withOptions));
+    await client.connect();
+    try {
+      const { rows } = await client.query(`select current_setting('search_path') as path, current_setting('default_transaction_isolation') as iso,
+        current_setting('tcp_keepalives_count') as count`);
+      assert.deepEqual(rows[0], { path: 'demo,public', iso: 'read committed', count: '3' });
+    } finally {
+      await client.end();
+    }
   });
 });

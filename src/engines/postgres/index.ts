@@ -14,6 +14,7 @@ import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
+import { connectionConfig } from './connection.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
 import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
@@ -56,7 +57,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   constructor(readonly options: PostgresEngineOptions) {
     this.logger = options.logger ?? silentLogger;
     this.pool = new pg.Pool({
-      connectionString: options.connectionString,
+      ...connectionConfig(options.connectionString),
       max: options.poolSize ?? 10,
       application_name: 'asyncproc',
     });
