@@ -105,6 +105,8 @@ describe("recover() and the commit of run() (item 4)", () => {
       await holder.query('select 1 from asyncproc.executions where id = $1 for update', [y.id]);
       const running = settle(worker.query(`select * from asyncproc.run($1, $2, 'lc_commit')`, [x.id, `w${worker.pid}`]));
       await blocked(worker.pid, 'run() to wait in its claim of the next call');
+      const lockHolder = (await sql.query('select asyncproc.lock_holder($1) as pid', [x.id])).rows[0].pid;
+      assert.equal(lockHolder, worker.pid, "the worker let go of the call's lock before its outcome committed");
 
       // housekeeping on another session, right then
       const housekeeper = await session();
