@@ -233,6 +233,19 @@ describe('timeouts (item 6)', () => {
     assert.equal(await ledger('in-time'), 1);
   });
 
+  it('a stray cancel under a timeout is not taken for the timeout: the call goes back to its queue', async () => {
+    const [call] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'stray', seconds: 0.3 } }]);
+    const { backend_pid: pid } = await waitFor(async () => {
+      const r = await row(call.id);
+      return r.status === 'RUNNING' ? r : null;
+    }, 10_000, 'the call to start');
+    await sql.query('select pg_cancel_backend($1)', [pid]); // meant for the call before it, say
+    const [ended] = await finished([call.token]);
+    assert.equal(ended.status, 'SUCCEEDED');
+    assert.equal((await row(call.id)).recoveries, 1);
+    assert.equal(await ledger('stray'), 1);
+  });
+
   it('a call without a timeout runs with none, whatever the previous call on the session armed', async () => {
     const [timed] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'arm', seconds: 0 } }]);
     const [untimed] = await engine.submit([{ procedure: 'lc.session', arguments: {} }]);
