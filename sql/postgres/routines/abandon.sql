@@ -1,34 +1,61 @@
 -- End a call whose statement was interrupted outside run()'s own error capture
 -- (query_canceled and the like), then release it. Cancelled on request: CANCELLED.
--- Interrupted without a request (a cancel meant for the call before it on this
--- session): its transaction rolled back, so it goes back to PENDING, at most five times.
+-- Timed out (the procedure's timeout_ms, armed by the worker as statement_timeout): a
+-- failed attempt, retried like any failure. Interrupted without a request (a cancel meant
+-- for the call before it on this session): its transaction rolled back, so it goes back
+-- to PENDING, at most five times.
+drop function if exists asyncproc.abandon(bigint, text, text);
 create or replace function asyncproc.abandon(
-  execution_id bigint, err_number text, err_message text, out done_seq bigint, out done_status text
+  execution_id bigint, err_number text, err_message text, timed_out boolean default false,
+  out done_seq bigint, out done_status text
 )
 language plpgsql as $$
 declare
+  key  record;
   call record;
+  held record;
 begin
-  select e.cancel_requested, e.recoveries, e.queue, e.status into call
-    from asyncproc.executions e where e.id = execution_id for update;
-  if call.status = 'RUNNING' and call.cancel_requested then
-    update asyncproc.executions e
-       set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
-           error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq')
-     where e.id = execution_id
-    returning e.seq, e.status into abandon.done_seq, abandon.done_status;
-  elsif call.status = 'RUNNING' and err_number = '57014' and call.recoveries + 1 < 5 then
-    update asyncproc.executions e
-       set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
-           seq = nextval('asyncproc.change_seq')
-     where e.id = execution_id
-    returning e.seq, e.status into abandon.done_seq, abandon.done_status;
-    insert into asyncproc.ready (queue, id) values (call.queue, execution_id);
-    perform pg_notify('asyncproc_wake', call.queue);
-  elsif call.status = 'RUNNING' then
-    select f.done_seq, f.done_status into abandon.done_seq, abandon.done_status
-      from asyncproc.finish(execution_id, false, null, err_number, err_message) f;
+  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
+  -- Ours only while no other session holds its lock and it still records this session: an
+  -- error after run() released it (a late cancel, a deadlock in the claim of the next call)
+  -- lets recover and another worker start it, and that run's state is not ours to change.
+  -- The transaction-level lock keeps recover off it until this outcome is committed.
+  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+    select e.cancel_requested, e.recoveries, e.queue into call
+      from asyncproc.executions e
+     where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
+       for update;
+    if not found then
+      null;
+    elsif call.cancel_requested then
+      update asyncproc.executions e
+         set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
+             error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq')
+       where e.id = execution_id
+      returning e.seq, e.status into abandon.done_seq, abandon.done_status;
+    elsif err_number = '57014' and not timed_out and call.recoveries + 1 < 5 then
+      update asyncproc.executions e
+         set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
+             seq = nextval('asyncproc.change_seq')
+       where e.id = execution_id
+      returning e.seq, e.status into abandon.done_seq, abandon.done_status;
+      insert into asyncproc.ready (queue, id) values (call.queue, execution_id);
+      perform pg_notify('asyncproc_wake', call.queue);
+    else
+      select f.done_seq, f.done_status into abandon.done_seq, abandon.done_status
+        from asyncproc.finish(execution_id, false, null, err_number, err_message) f;
+    end if;
   end if;
-  perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
+  -- Every call lock this session holds at session level goes: this call's, and the one a
+  -- claim took inside run() before the error rolled that claim back (left held, it would
+  -- block every other worker's claim of that call for as long as this session lives).
+  for held in
+    select l.classid::bigint::integer as key1, l.objid::bigint as objid
+      from pg_locks l
+     where l.pid = pg_backend_pid() and l.locktype = 'advisory' and l.objsubid = 2
+       and l.classid::bigint >> 16 = x'4153'::integer
+  loop
+    perform pg_advisory_unlock(held.key1, held.objid::bit(32)::integer);
+  end loop;
 end
 $$;

@@ -31,5 +31,11 @@ begin
    where e.id = target.id and e.status = 'RUNNING'
   returning e.backend_pid into cancel.backend_pid;
   outcome := case when found then 'RUNNING' else 'FINISHED' end;
+  -- Signal only the recorded worker, and only while it holds the call's lock: a dead
+  -- worker's pid may since belong to an unrelated backend. Nobody holding it: recover
+  -- ends the call CANCELLED.
+  if cancel.backend_pid is distinct from asyncproc.lock_holder(target.id) then
+    cancel.backend_pid := null;
+  end if;
 end
 $$;

@@ -1,6 +1,9 @@
--- Claim the oldest ready call of a queue for this session: RUNNING, and locked for the session's life.
--- The caller notifies (id:seq:RUNNING) after commit.
-create or replace function asyncproc.claim(queue_name text, worker text, out id bigint, out seq bigint)
+-- Claim the oldest ready call of a queue for this session: RUNNING, and locked for the
+-- session's life (until run() or abandon() hands the lock over to their transaction).
+-- Returns the procedure's timeout too (0: none), which the worker arms as statement_timeout
+-- before the statement that runs the call. The caller notifies (id:seq:RUNNING) after commit.
+drop function if exists asyncproc.claim(text, text);
+create or replace function asyncproc.claim(queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer)
 language plpgsql as $$
 declare
   ready_id bigint;
@@ -20,7 +23,11 @@ begin
     exit when claim.id is not null;
   end loop;
   if claim.id is not null then
-    perform pg_advisory_lock(x'41535943'::integer, asyncproc.lock_key(claim.id));
+    -- taken before the commit that makes the call RUNNING: recover never sees it RUNNING and unlocked
+    perform pg_advisory_lock(k.key1, k.key2) from asyncproc.lock_key(claim.id) k;
+    select coalesce(p.timeout_ms, 0) into claim.timeout_ms
+      from asyncproc.executions e join asyncproc.procedures p on p.name = e.procedure
+     where e.id = claim.id;
   end if;
 end
 $$;

@@ -1,5 +1,7 @@
--- Record an outcome (and retry when attempts are left). Used by run() and by the
--- worker when a call escaped run() (cancelled statement, timeout) and must still end.
+-- Record an outcome (and retry when attempts are left). Used by run() and by abandon()
+-- when a call escaped run() (cancelled statement, timeout) and must still end. Only the
+-- session that claimed the call may end it: a worker that lost its lock (recover then
+-- started the call again elsewhere) must not overwrite the state of the new run.
 create or replace function asyncproc.finish(
   execution_id bigint, succeeded boolean, outcome jsonb,
   err_number text default null, err_message text default null, err_detail text default null, err_context text default null,
@@ -20,7 +22,7 @@ begin
          result = case when succeeded then outcome else null end,
          error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
          seq = nextval('asyncproc.change_seq')
-   where e.id = execution_id and e.status = 'RUNNING'
+   where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
   returning e.seq, e.status into finish.done_seq, finish.done_status;
   if finish.done_status = 'WAITING' then
     insert into asyncproc.attempts (execution_id, number, status, started_at, finished_at, worker, backend_pid,

@@ -1,12 +1,14 @@
 -- Run one claimed call; its writes and its outcome commit together (the service
 -- notifies right after). Then release it and claim the next call of next_queue in
 -- the same transaction and round trip.
+drop function if exists asyncproc.run(bigint, text, text, integer);
 create or replace function asyncproc.run(
   execution_id bigint, worker text, next_queue text, row_cap integer default 100,
-  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint
+  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer
 )
 language plpgsql as $$
 declare
+  key          record;
   call         record;
   outcome      jsonb;
   v_state      text;
@@ -15,30 +17,39 @@ declare
   v_context    text;
   succeeded    boolean := false;
 begin
-  select e.arguments, e.status, r.proc
-    into call
-    from asyncproc.executions e
-    join asyncproc.procedures r on r.name = e.procedure
-   where e.id = execution_id;
+  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
+  -- The call's lock at transaction level as well as the claim's session level: it then
+  -- outlives the session-level unlock below until this transaction's outcome is committed
+  -- (recover must never find the call RUNNING and unlocked while its outcome is on its way),
+  -- and a procedure calling pg_advisory_unlock_all() cannot drop it. Not granted: another
+  -- session runs the call (this one lost its lock), so this one must not touch it.
+  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+    select e.arguments, r.proc
+      into call
+      from asyncproc.executions e
+      join asyncproc.procedures r on r.name = e.procedure
+     where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
 
-  if found and call.status = 'RUNNING' then
-    begin
-      outcome := asyncproc.call_routine(call.proc, call.arguments, row_cap);
-      succeeded := true;
-    exception when others then
-      -- the block's implicit savepoint has undone the call's writes; record the failure instead
-      get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
-                              v_detail = pg_exception_detail, v_context = pg_exception_context;
-    end;
-    -- outside the block, so the outcome is written by the main transaction, not a subtransaction
-    select f.done_seq, f.done_status into run.done_seq, run.done_status
-      from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
-                            v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
+    if found then
+      begin
+        outcome := asyncproc.call_routine(call.proc, call.arguments, row_cap);
+        succeeded := true;
+      exception when others then
+        -- the block's implicit savepoint has undone the call's writes; record the failure instead
+        get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
+                                v_detail = pg_exception_detail, v_context = pg_exception_context;
+      end;
+      -- outside the block, so the outcome is written by the main transaction, not a subtransaction
+      select f.done_seq, f.done_status into run.done_seq, run.done_status
+        from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
+                              v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
+    end if;
+    perform pg_advisory_unlock(key.key1, key.key2);
   end if;
 
-  perform pg_advisory_unlock(x'41535943'::integer, asyncproc.lock_key(execution_id));
   if next_queue is not null then
-    select c.id, c.seq into run.next_id, run.next_seq from asyncproc.claim(next_queue, worker) c;
+    select c.id, c.seq, c.timeout_ms into run.next_id, run.next_seq, run.next_timeout_ms
+      from asyncproc.claim(next_queue, worker) c;
   end if;
 end
 $$;

@@ -2,6 +2,7 @@ import pg from 'pg';
 import type { ActivatorOptions, Closeable, ExecutionStatus } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
 
 /**
@@ -26,7 +27,8 @@ const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
 /** Claims between two vacuums of the ready table. */
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
-type SlotClient = pg.Client & { slot?: number };
+/** A worker's connection: the queue slot it holds, and the statement_timeout armed on it (ms, 0: none). */
+type SlotClient = pg.Client & { slot?: number; statementTimeout?: number };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
 function isConnectionError(error: unknown): boolean {
@@ -138,28 +140,36 @@ class QueueWorkers {
   }
 
   /** Claim and run until the queue has nothing ready for this slot. */
-  private async work(client: pg.Client, worker: string): Promise<void> {
+  private async work(client: SlotClient, worker: string): Promise<void> {
     const { notifier } = this.activator.options;
     const claimed = (
-      await client.query<{ id: string | null; seq: string }>({
+      await client.query<{ id: string | null; seq: string; timeout_ms: number | null }>({
         name: 'asyncproc-claim',
-        text: 'select id, seq from asyncproc.claim($1, $2)',
+        text: 'select id, seq, timeout_ms from asyncproc.claim($1, $2)',
         values: [this.name, worker],
       })
     ).rows[0];
     let next = claimed.id;
+    let timeoutMs = claimed.timeout_ms ?? 0;
     if (next !== null) notifier.event(next, claimed.seq, 'RUNNING');
     while (next !== null) {
       this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
       this.doorbell.ring();
       const current: string = next;
+      // statement_timeout is armed when a statement starts, so the call's own timeout is set
+      // before the statement that runs it (a round trip only when it differs from the last)
+      if (client.statementTimeout !== timeoutMs) {
+        await client.query(`select set_config('statement_timeout', $1, false)`, [String(timeoutMs)]);
+        client.statementTimeout = timeoutMs;
+      }
+      const started = Date.now();
       try {
         const ran = (
           // a named (prepared) statement: parsed and planned once per connection
           await client.query<RunRow>({
             name: 'asyncproc-run',
-            text: 'select done_seq, done_status, next_id, next_seq from asyncproc.run($1, $2, $3)',
+            text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms from asyncproc.run($1, $2, $3)',
             values: [current, worker, this.activator.stopping ? null : this.name],
           })
         ).rows[0];
@@ -167,17 +177,22 @@ class QueueWorkers {
         if (ran.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
         if (ran.next_id !== null) notifier.event(ran.next_id, ran.next_seq!, 'RUNNING');
         next = ran.next_id;
+        timeoutMs = ran.next_timeout_ms ?? 0;
       } catch (error) {
         if (isConnectionError(error)) throw error;
         // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
         const err = error as pg.DatabaseError;
+        // Both a timeout and a cancel signal are 57014; only our own timeout can fire after
+        // that long (the session's is 0 otherwise), and the message is localized.
+        const timedOut = err.code === '57014' && timeoutMs > 0 && Date.now() - started >= timeoutMs;
         const done = (
           await client.query<{ done_seq: string | null; done_status: ExecutionStatus | null }>(
-            'select done_seq, done_status from asyncproc.abandon($1, $2, $3)',
-            [current, err.code ?? null, err.message],
+            'select done_seq, done_status from asyncproc.abandon($1, $2, $3, $4)',
+            [current, err.code ?? null, timedOut ? `${err.message} (timeout ${timeoutMs} ms)` : err.message, timedOut],
           )
         ).rows[0];
         if (done.done_seq !== null) notifier.event(current, done.done_seq, done.done_status!);
+        if (done.done_status === 'WAITING') this.activator.scheduleDue(); // a timeout, retried with backoff
         next = null;
       }
     }
@@ -189,6 +204,7 @@ interface RunRow {
   done_status: ExecutionStatus | null;
   next_id: string | null;
   next_seq: string | null;
+  next_timeout_ms: number | null;
 }
 
 export class PostgresActivator implements Closeable {
@@ -211,11 +227,12 @@ export class PostgresActivator implements Closeable {
   }
 
   async connect(applicationName: string): Promise<pg.Client> {
-    const client = new pg.Client({
-      connectionString: this.options.connectionString,
+    const client: SlotClient = new pg.Client({
+      // no statement_timeout but the one a call's procedure sets: a server default must not cut calls
+      ...connectionConfig(this.options.connectionString, { statement_timeout: '0' }),
       application_name: applicationName,
-      keepAlive: true,
     });
+    client.statementTimeout = 0;
     client.on('error', (error) => this.options.logger.debug({ err: error }, 'worker connection error'));
     await client.connect();
     // a killed worker's running statement is abandoned within a second, so its call is recovered promptly

@@ -16,6 +16,7 @@ import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
+import { connectionConfig } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
 import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
@@ -58,7 +59,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   constructor(readonly options: PostgresEngineOptions) {
     this.logger = options.logger ?? silentLogger;
     this.pool = new pg.Pool({
-      connectionString: options.connectionString,
+      ...connectionConfig(options.connectionString),
       max: options.poolSize ?? 10,
       application_name: 'asyncproc',
     });

@@ -2,6 +2,7 @@ import pg from 'pg';
 import type { Closeable, ListenerSink } from '../../engine.js';
 import { EXECUTION_STATUSES, toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { connectionConfig } from './connection.js';
 
 export interface PostgresListenerOptions {
   connectionString: string;
@@ -48,12 +49,7 @@ export class PostgresListener implements Closeable {
   }
 
   private async connect(isReconnect: boolean): Promise<void> {
-    const client = new pg.Client({
-      connectionString: this.options.connectionString,
-      application_name: 'asyncproc listener',
-      keepAlive: true,
-      keepAliveInitialDelayMillis: 10_000,
-    });
+    const client = new pg.Client({ ...connectionConfig(this.options.connectionString), application_name: 'asyncproc listener' });
     let lost = false;
     const onLost = (error?: Error) => {
       if (lost) return;

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { toError, type ExecutionStatus } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { connectionConfig } from './connection.js';
 
 /** NOTIFY payloads must stay under 8000 bytes; keys are ~30 bytes each. */
 const MAX_PAYLOAD = 7000;
@@ -51,10 +52,8 @@ export class Notifier {
     if (this.client) return this.client;
     this.connecting ??= (async () => {
       const client = new pg.Client({
-        connectionString: this.connectionString,
+        ...connectionConfig(this.connectionString),
         application_name: 'asyncproc notifier',
-        keepAlive: true,
-        keepAliveInitialDelayMillis: 10_000,
         // a half-open socket fails the send within seconds instead of stalling every notification
         query_timeout: this.timeoutMs,
         connectionTimeoutMillis: this.timeoutMs,

@@ -1,0 +1,58 @@
+import type pg from 'pg';
+
+/**
+ * Settings every connection the engine owns starts with (pool, workers, listener,
+ * notifier), sent in the startup packet so they hold before the first statement and
+ * cost no round trip.
+ *
+ * - READ COMMITTED: the batch settle and the claim rely on it. Under a database default
+ *   of REPEATABLE READ a stage-2 member stayed WAITING for ever (the settle's snapshot
+ *   predates the last member's commit); under SERIALIZABLE, 40001 errors failed calls
+ *   that had succeeded.
+ * - TCP keepalives, both ways: a half-open connection (a network cut) is noticed in
+ *   about idle + interval × count = 25 s, not the kernel's two hours, so the server ends
+ *   a lost worker's session and releases its locks, and recover starts its call again.
+ */
+export const SESSION_SETTINGS: Readonly<Record<string, string>> = {
+  default_transaction_isolation: 'read committed',
+  tcp_keepalives_idle: '10',
+  tcp_keepalives_interval: '5',
+  tcp_keepalives_count: '3',
+};
+
+/** Client side of the keepalive: the first probe after this long idle. */
+const KEEPALIVE_INITIAL_DELAY_MS = 10_000;
+
+type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | 'keepAlive' | 'keepAliveInitialDelayMillis'>;
+
+/**
+ * Connection options for a client or pool of the engine: SESSION_SETTINGS plus `extra`
+ * (a worker adds statement_timeout = 0), after any `options` the URL carries. pg lets a
+ * URL's `options` replace the config's, so they are taken out of the URL and merged.
+ */
+export function connectionConfig(connectionString: string, extra: Readonly<Record<string, string>> = {}): ConnectionConfig {
+  const { url, options } = takeOptions(connectionString);
+  const settings = Object.entries({ ...SESSION_SETTINGS, ...extra }).map(([name, value]) => `-c ${name}=${escapeOption(value)}`);
+  return {
+    connectionString: url,
+    options: [options, ...settings].filter(Boolean).join(' '),
+    keepAlive: true,
+    keepAliveInitialDelayMillis: KEEPALIVE_INITIAL_DELAY_MS,
+  };
+}
+
+/** Spaces and backslashes in an `options` value are escaped with a backslash (libpq's rule). */
+const escapeOption = (value: string) => value.replace(/[\\ ]/g, '\\$&');
+
+function takeOptions(connectionString: string): { url: string; options: string | null } {
+  let url: URL;
+  try {
+    url = new URL(connectionString);
+  } catch {
+    return { url: connectionString, options: null };
+  }
+  const options = url.searchParams.get('options');
+  if (options === null) return { url: connectionString, options: null };
+  url.searchParams.delete('options');
+  return { url: url.toString(), options };
+}

@@ -1,0 +1,343 @@
+/**
+ * The life of a claimed call on PostgreSQL, race by race: the worker's lock outlives its
+ * commit, only the owning session ends a call, timeouts fail an attempt, the engine's
+ * sessions ignore the server's defaults, cancel signals only the lock holder, and lock
+ * keys never collide. Most tests drive the SQL routines from hand-made sessions, so each
+ * interleaving happens in the order the test sets, not by luck.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
+import type { Closeable, Execution } from '../src/engine.js';
+import { connectionConfig } from '../src/engines/postgres/connection.js';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+
+let cluster: TestCluster;
+let url: string;
+let engine: PostgresEngine;
+let sql: pg.Client;
+const sessions: pg.Client[] = [];
+
+const SCHEMA = `create schema lc;
+  create procedure lc.record_sleep(tag text, seconds double precision) language plpgsql as $$
+  begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+  create function lc.session() returns jsonb language sql as $$
+    select jsonb_object_agg(name, setting) from pg_settings
+     where name in ('transaction_isolation', 'statement_timeout', 'tcp_keepalives_idle', 'tcp_keepalives_interval', 'tcp_keepalives_count') $$;
+  select asyncproc.register('lc.session()');
+  select asyncproc.register('lc.record_sleep(text, double precision)');`;
+
+before(async () => {
+  ({ cluster, url, engine, sql } = await startDemoDatabase());
+  await sql.query(SCHEMA);
+  for (const queue of ['lc_commit', 'lc_owner', 'lc_cancel', 'lc_keys']) await engine.configureQueue(queue, 1);
+});
+after(async () => {
+  await Promise.all(sessions.map((s) => s.end().catch(() => undefined)));
+  await sql?.end();
+  await engine?.close();
+  await cluster?.stop();
+});
+
+/** A session of its own (a worker, a second housekeeper, an unrelated backend). */
+async function session(): Promise<pg.Client & { pid: number }> {
+  const client = (await cluster.connect(url)) as pg.Client & { pid: number };
+  client.pid = (await client.query('select pg_backend_pid() as pid')).rows[0].pid;
+  sessions.push(client);
+  return client;
+}
+
+async function submit(procedure: string, args: Record<string, unknown>, queue: string, maxAttempts = 1): Promise<Execution> {
+  return (await engine.submit([{ procedure, arguments: args, queue, maxAttempts }]))[0];
+}
+
+async function claim(worker: pg.Client & { pid: number }, queue: string): Promise<string | null> {
+  return (await worker.query(`select id from asyncproc.claim($1, 'w${worker.pid}')`, [queue])).rows[0].id;
+}
+
+const row = async (id: string) =>
+  (await sql.query('select status, backend_pid, attempts, recoveries from asyncproc.executions where id = $1', [id])).rows[0];
+const attempts = async (id: string) =>
+  (await sql.query('select status from asyncproc.attempts where execution_id = $1 order by number', [id])).rows.map((r) => r.status);
+const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
+/** Advisory locks a session holds (granted). */
+const advisoryLocks = async (pid: number) =>
+  Number((await sql.query(`select count(*) from pg_locks where pid = $1 and locktype = 'advisory' and granted`, [pid])).rows[0].count);
+/** Resolves once the session waits on a lock (a row lock, an advisory lock). */
+const blocked = (pid: number, what: string) =>
+  waitFor(async () => (await sql.query(`select 1 from pg_stat_activity where pid = $1 and wait_event_type = 'Lock'`, [pid])).rowCount, 10_000, what);
+/** Ends a worker's session and waits until the server has let it go (and its locks). */
+async function kill(worker: pg.Client & { pid: number }): Promise<void> {
+  await worker.end();
+  await waitFor(async () => !(await sql.query('select 1 from pg_stat_activity where pid = $1', [worker.pid])).rowCount, 10_000, 'the worker to go');
+}
+
+/**
+ * A call RUNNING for a worker that died, whose pid the OS has since given to another
+ * backend (recorded as the call's backend_pid): returns that unrelated session.
+ */
+async function orphanWithReusedPid(queue: string, id: string): Promise<pg.Client & { pid: number }> {
+  const dead = await session();
+  assert.equal(await claim(dead, queue), id);
+  await kill(dead);
+  const unrelated = await session();
+  await sql.query('update asyncproc.executions set backend_pid = $2 where id = $1', [id, unrelated.pid]);
+  return unrelated;
+}
+
+const settle = <T>(promise: Promise<T>) => promise.then((value) => ({ value }), (error: Error) => ({ error }));
+
+describe("recover() and the commit of run() (item 4)", () => {
+  const cases = [
+    { name: 'a call that succeeded gets no bogus LOST attempt', procedure: 'demo.noop', args: {}, maxAttempts: 1, status: 'SUCCEEDED', history: [] },
+    { name: 'a failing call with retries left: recover neither aborts nor leaks a lock', procedure: 'demo.fail', args: { message: 'no' }, maxAttempts: 2, status: 'WAITING', history: ['FAILED'] },
+  ];
+  for (const c of cases) {
+    it(c.name, async () => {
+      const x = await submit(c.procedure, c.args, 'lc_commit', c.maxAttempts);
+      const y = await submit('demo.noop', {}, 'lc_commit');
+      const worker = await session();
+      assert.equal(await claim(worker, 'lc_commit'), x.id);
+      // hold the next call's row, so run() stops in its claim of y: x's outcome is written, not committed
+      const holder = await session();
+      await holder.query('begin');
+      await holder.query('select 1 from asyncproc.executions where id = $1 for update', [y.id]);
+      const running = settle(worker.query(`select * from asyncproc.run($1, $2, 'lc_commit')`, [x.id, `w${worker.pid}`]));
+      await blocked(worker.pid, 'run() to wait in its claim of the next call');
+      const lockHolder = (await sql.query('select asyncproc.lock_holder($1) as pid', [x.id])).rows[0].pid;
+      assert.equal(lockHolder, worker.pid, "the worker let go of the call's lock before its outcome committed");
+
+      // housekeeping on another session, right then
+      const housekeeper = await session();
+      const recovering = settle(housekeeper.query('select asyncproc.recover() as n'));
+      await Promise.race([recovering, blocked(housekeeper.pid, 'recover to finish or wait').catch(() => undefined)]);
+      await holder.query('rollback');
+      const ran = await running;
+      assert.ok(!('error' in ran), `run() failed: ${'error' in ran ? ran.error.message : ''}`);
+      const recovered = await recovering;
+      assert.ok(!('error' in recovered), `recover() failed: ${'error' in recovered ? recovered.error.message : ''}`);
+      assert.equal(recovered.value.rows[0].n, 0, 'recover took a call whose worker is alive');
+
+      assert.equal((await row(x.id)).status, c.status);
+      assert.deepEqual(await attempts(x.id), c.history);
+      assert.equal(await advisoryLocks(housekeeper.pid), 0, 'recover left an advisory lock on its connection');
+      await worker.query(`select * from asyncproc.run($1, $2, null)`, [y.id, `w${worker.pid}`]);
+      assert.equal((await row(y.id)).status, 'SUCCEEDED');
+    });
+  }
+});
+
+describe('only the session that claimed a call ends it (item 5)', () => {
+  it('a worker that lost its lock cannot run, finish or abandon the new run of its call', async () => {
+    const x = await submit('lc.record_sleep', { tag: 'owner', seconds: 0 }, 'lc_owner');
+    const stale = await session();
+    assert.equal(await claim(stale, 'lc_owner'), x.id);
+    // the lock is lost while the session lives (a procedure may call pg_advisory_unlock_all)
+    await stale.query('select pg_advisory_unlock_all()');
+    await sql.query('select asyncproc.recover()');
+    const fresh = await session();
+    assert.equal(await claim(fresh, 'lc_owner'), x.id);
+
+    await stale.query(`select * from asyncproc.abandon($1, '57014', 'canceling statement due to user request')`, [x.id]);
+    assert.deepEqual(await row(x.id), { status: 'RUNNING', backend_pid: fresh.pid, attempts: 1, recoveries: 1 }, 'abandon() changed the new run');
+    await stale.query(`select * from asyncproc.finish($1, true, '{}')`, [x.id]);
+    assert.equal((await row(x.id)).status, 'RUNNING', 'finish() ended the new run');
+    await stale.query(`select * from asyncproc.run($1, 'stale', null)`, [x.id]);
+    assert.equal(await ledger('owner'), 0, 'the stale worker ran the call a second time');
+    assert.equal((await row(x.id)).status, 'RUNNING');
+
+    await fresh.query(`select * from asyncproc.run($1, 'fresh', null)`, [x.id]);
+    assert.equal((await row(x.id)).status, 'SUCCEEDED');
+    assert.equal(await ledger('owner'), 1);
+  });
+});
+
+describe('cancel and the lock holder (item 9)', () => {
+  it("never signals a dead worker's pid, now an unrelated backend's", async () => {
+    const x = await submit('demo.noop', {}, 'lc_cancel');
+    const unrelated = await orphanWithReusedPid('lc_cancel', x.id);
+    const sleeping = settle(unrelated.query('select pg_sleep(1.5)'));
+    await engine.cancelExecution(x.token);
+    const slept = await sleeping;
+    assert.ok(!('error' in slept), `an unrelated backend's statement was cancelled: ${'error' in slept ? slept.error.message : ''}`);
+    // nobody runs it: recover ends it as asked
+    await sql.query('select asyncproc.recover()');
+    assert.equal((await row(x.id)).status, 'CANCELLED');
+  });
+
+  it('recover ends a call whose cancel was requested CANCELLED, never runs it again', async () => {
+    const x = await submit('demo.noop', {}, 'lc_cancel');
+    const worker = await session();
+    assert.equal(await claim(worker, 'lc_cancel'), x.id);
+    const { rows } = await sql.query('select outcome, backend_pid from asyncproc.cancel($1)', [x.token]);
+    assert.deepEqual(rows[0], { outcome: 'RUNNING', backend_pid: worker.pid }, 'the holder of the lock is the one to signal');
+    await kill(worker); // the worker dies before the signal lands
+    await sql.query('select asyncproc.recover()');
+    assert.equal((await row(x.id)).status, 'CANCELLED');
+    assert.equal((await sql.query('select count(*) from asyncproc.ready where id = $1', [x.id])).rows[0].count, '0');
+  });
+
+  it("cancelBatch signals no dead worker's pid either", async () => {
+    const batch = await engine.submitBatch([[{ procedure: 'demo.noop', arguments: {}, queue: 'lc_cancel' }]]);
+    const [member] = await engine.getBatchExecutions(batch.id);
+    await orphanWithReusedPid('lc_cancel', member.id);
+    const { rows } = await sql.query('select pid from asyncproc.cancel_batch_running($1) pid', [batch.id]);
+    assert.deepEqual(rows, []);
+  });
+});
+
+describe('lock keys (item 10)', () => {
+  it('calls whose ids differ by 2^31 - 1 do not block each other', async () => {
+    await sql.query('alter table asyncproc.executions alter column id restart with 10000000000');
+    const x = await submit('demo.noop', {}, 'lc_keys');
+    await sql.query(`alter table asyncproc.executions alter column id restart with ${10000000000 + 2147483647}`);
+    const y = await submit('demo.noop', {}, 'lc_keys');
+    assert.equal(BigInt(y.id) - BigInt(x.id), 2147483647n);
+    const first = await session();
+    assert.equal(await claim(first, 'lc_keys'), x.id);
+    const second = await session();
+    await second.query(`set lock_timeout = '2s'`);
+    assert.equal(await claim(second, 'lc_keys'), y.id);
+    const holders = await sql.query('select asyncproc.lock_holder($1) x, asyncproc.lock_holder($2) y', [x.id, y.id]);
+    assert.deepEqual(holders.rows[0], { x: first.pid, y: second.pid });
+    for (const [worker, id] of [[first, x.id], [second, y.id]] as const) await worker.query('select * from asyncproc.run($1, $2, null)', [id, 'w']);
+    assert.deepEqual([(await row(x.id)).status, (await row(y.id)).status], ['SUCCEEDED', 'SUCCEEDED']);
+  });
+});
+
+describe('timeouts (item 6)', () => {
+  let activator: Closeable;
+  before(async () => {
+    await sql.query(`create procedure lc.timed(tag text, seconds double precision) language plpgsql as $$
+      begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$`);
+    await engine.configureQueue('lc_timeout', 2);
+    await engine.registerProcedure('lc.timed', { queue: 'lc_timeout', timeoutMs: 500 });
+    await engine.registerProcedure('lc.session', { queue: 'lc_timeout' });
+    activator = await engine.startActivator({ workerId: 'lc-timeouts', queues: ['lc_timeout'] });
+  });
+  after(() => activator?.close());
+
+  it("a procedure's timeoutMs ends a longer call as a failed attempt, retried like any failure", async () => {
+    const [slow, quick] = await engine.submit([
+      { procedure: 'lc.timed', arguments: { tag: 'timed-out', seconds: 3 }, maxAttempts: 2 },
+      { procedure: 'lc.timed', arguments: { tag: 'in-time', seconds: 0.05 } },
+    ]);
+    const [timedOut, inTime] = await finished([slow.token, quick.token], 20_000);
+    assert.equal(inTime.status, 'SUCCEEDED');
+    assert.equal(timedOut.status, 'FAILED');
+    assert.equal(timedOut.attempts, 2);
+    assert.equal(timedOut.error?.number, '57014');
+    assert.deepEqual(await attempts(slow.id), ['FAILED']);
+    assert.equal(await ledger('timed-out'), 0, "a timed-out call's writes are rolled back");
+    assert.equal(await ledger('in-time'), 1);
+  });
+
+  it('a stray cancel under a timeout is not taken for the timeout: the call goes back to its queue', async () => {
+    const [call] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'stray', seconds: 0.3 } }]);
+    const { backend_pid: pid } = await waitFor(async () => {
+      const r = await row(call.id);
+      return r.status === 'RUNNING' ? r : null;
+    }, 10_000, 'the call to start');
+    await sql.query('select pg_cancel_backend($1)', [pid]); // meant for the call before it, say
+    const [ended] = await finished([call.token]);
+    assert.equal(ended.status, 'SUCCEEDED');
+    assert.equal((await row(call.id)).recoveries, 1);
+    assert.equal(await ledger('stray'), 1);
+  });
+
+  it('a call without a timeout runs with none, whatever the previous call on the session armed', async () => {
+    const [timed] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'arm', seconds: 0 } }]);
+    const [untimed] = await engine.submit([{ procedure: 'lc.session', arguments: {} }]);
+    const [, settings] = await finished([timed.token, untimed.token]);
+    assert.equal((settings.result?.returnValue as Record<string, string>).statement_timeout, '0');
+  });
+});
+
+/** Wait until every token has ended; their executions, in order. */
+const finished = (tokens: string[], timeoutMs = 15_000) =>
+  waitFor(
+    async () => {
+      const rows = await engine.getExecutions(tokens);
+      const ended = rows.every((r) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(r.status));
+      return ended ? tokens.map((token) => rows.find((r) => r.token === token)!) : null;
+    },
+    timeoutMs,
+    'every execution to end',
+  );
+
+describe("the server's defaults do not reach the engine's sessions (items 6, 7, 8)", () => {
+  for (const isolation of ['repeatable read', 'serializable']) {
+    it(`default_transaction_isolation = '${isolation}', statement_timeout = 300ms: batches settle, calls run once, in full`, async () => {
+      const name = `lc_${isolation.replace(' ', '_')}`;
+      const dbUrl = await cluster.createDatabase(name);
+      const setup = createPostgresEngine({ connectionString: dbUrl });
+      await setup.migrate();
+      await setup.installDemo();
+      await setup.pool.query(SCHEMA);
+      await setup.configureQueue('default', 4);
+      await setup.pool.query(`alter database ${name} set default_transaction_isolation = '${isolation}'`);
+      await setup.pool.query(`alter database ${name} set statement_timeout = '300ms'`);
+      await setup.close();
+
+      const defaulted = createPostgresEngine({ connectionString: dbUrl });
+      const activator = await defaulted.startActivator({ workerId: 'lc-defaults' });
+      try {
+        const sleep = (tag: string, seconds: number) => ({ procedure: 'lc.record_sleep', arguments: { tag, seconds } });
+        const batch = await defaulted.submitBatch([
+          [sleep('stage-1', 0.1), sleep('stage-1', 0.1), sleep('stage-1', 0.1), sleep('stage-1', 0.1)],
+          [sleep('stage-2', 0.1), sleep('stage-2', 0.1), { procedure: 'lc.session', arguments: {} }],
+        ]);
+        // longer than the server's statement_timeout, and allowed one attempt
+        const [long] = await defaulted.submit([{ ...sleep('long', 1), maxAttempts: 1 }]);
+        const ended = await waitFor(async () => {
+          const b = await defaulted.getBatch(batch.id);
+          return b && b.status !== 'RUNNING' ? b : null;
+        }, 30_000, 'the batch to end');
+        assert.equal(ended.status, 'SUCCEEDED');
+        const members = await defaulted.getBatchExecutions(batch.id);
+        assert.deepEqual(members.map((m) => m.status), members.map(() => 'SUCCEEDED'));
+        const longRun = await waitFor(async () => {
+          const [e] = await defaulted.getExecutions([long.token]);
+          return ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
+        }, 30_000, 'the long call to end');
+        assert.equal(longRun.status, 'SUCCEEDED', `${longRun.error?.number} ${longRun.error?.message}`);
+        const counts = await defaulted.pool.query(`select tag, count(*)::int as n from demo.ledger group by tag order by tag`);
+        assert.deepEqual(counts.rows, [{ tag: 'long', n: 1 }, { tag: 'stage-1', n: 4 }, { tag: 'stage-2', n: 2 }]);
+
+        // a worker session, seen from inside a call, and a pool session
+        const worker = members.find((m) => m.procedure === 'lc.session')!.result?.returnValue;
+        assert.deepEqual(worker, {
+          transaction_isolation: 'read committed',
+          statement_timeout: '0',
+          tcp_keepalives_idle: '10',
+          tcp_keepalives_interval: '5',
+          tcp_keepalives_count: '3',
+        });
+        const pool = (await defaulted.pool.query(`select current_setting('transaction_isolation') as iso, current_setting('tcp_keepalives_idle') as idle`)).rows[0];
+        assert.deepEqual(pool, { iso: 'read committed', idle: '10' });
+        // nothing SUCCEEDED was rewritten later (40001 on a settle, a bogus retry)
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        assert.deepEqual((await defaulted.getBatchExecutions(batch.id)).map((m) => m.status), members.map(() => 'SUCCEEDED'));
+      } finally {
+        await activator.close();
+        await defaulted.close();
+      }
+    });
+  }
+});
+
+describe('connection settings (items 7, 8)', () => {
+  it("every connection gets them, after any options the URL carries", async () => {
+    const withOptions = `${url}?options=${encodeURIComponent('-c search_path=demo,public')}`;
+    const client = new pg.Client(connectionConfig(withOptions));
+    await client.connect();
+    try {
+      const { rows } = await client.query(`select current_setting('search_path') as path, current_setting('default_transaction_isolation') as iso,
+        current_setting('tcp_keepalives_count') as count`);
+      assert.deepEqual(rows[0], { path: 'demo,public', iso: 'read committed', count: '3' });
+    } finally {
+      await client.end();
+    }
+  });
+});
