@@ -96,7 +96,9 @@ describe('running calls', () => {
   it("an error's SQLSTATE, detail and line are recorded", async () => {
     const done = await run('pgtest.detailed', {});
     assert.equal(done.status, 'FAILED');
-    assert.deepEqual(done.error, { number: '22023', message: 'bad thing: the detail', severity: null, state: null, line: 3 });
+    const { context, ...error } = done.error!;
+    assert.deepEqual(error, { number: '22023', message: 'bad thing: the detail', severity: null, state: null, line: 3, detail: 'the detail' });
+    assert.match(context!, /^PL\/pgSQL function pgtest\.detailed\(\) line 3 at RAISE/);
   });
 
   it('arguments convert to every parameter type; defaults may be left out; null is NULL', async () => {
