@@ -222,6 +222,30 @@ describe('rows cut at the cap', () => {
     assert.deepEqual([zero.rows, zero.rowCount, zero.truncated], [[], 2, true]);
   });
 
+  it(
+    'ASYNCPROC_MAX_ROWS reaches the worker',
+    { todo: "the activator must pass options.maxRows as run()'s row_cap (activator.ts, the asyncproc-run statement)" },
+    async () => {
+      const url = await cluster.createDatabase();
+      const capped = await startTestApp(url, { ASYNCPROC_MAX_ROWS: '5' });
+      try {
+        const client = await cluster.connect(url);
+        try {
+          await client.query(`create function public.series(n int) returns setof int language sql as $$ select generate_series(1, n) $$;
+            select asyncproc.register('public.series(int)')`);
+        } finally {
+          await client.end();
+        }
+        const invoked = await capped.gql(`mutation { invoke(input: { procedure: "public.series", arguments: { n: 8 } }) { execution { token } } }`);
+        const token = invoked.body.data.invoke.execution.token;
+        const result = await waitFor(async () => (await capped.gql(`{ execution(token: "${token}") { result { rows rowCount truncated } } }`)).body.data.execution.result);
+        assert.deepEqual(result, { rows: [1, 2, 3, 4, 5].map((n) => ({ series: n })), rowCount: 8, truncated: true });
+      } finally {
+        await capped.stop();
+      }
+    },
+  );
+
   it('ASYNCPROC_MAX_ROWS is validated', () => {
     assert.equal(loadConfig({}).ASYNCPROC_MAX_ROWS, 100);
     assert.equal(loadConfig({ ASYNCPROC_MAX_ROWS: '0' }).ASYNCPROC_MAX_ROWS, 0);
