@@ -143,7 +143,7 @@ describe('running calls', () => {
 
   it('functions: a scalar is the return value; a set is the rows', async () => {
     const twice = await run('pgtest.twice', { x: 21 });
-    assert.deepEqual(twice.result, { returnValue: 42, outputParameters: null, rows: null });
+    assert.deepEqual(twice.result, { returnValue: 42, outputParameters: null, rows: null, rowCount: null, truncated: false });
     const series = await run('pgtest.series', { n: 3 });
     assert.deepEqual(series.result?.rows, [
       { i: 1, sq: 1 },
@@ -152,6 +152,8 @@ describe('running calls', () => {
     ]);
     const capped = await run('pgtest.series', { n: 1000 });
     assert.equal((capped.result?.rows as unknown[]).length, 100, 'the first result set is capped');
+    assert.equal(capped.result?.rowCount, 1000);
+    assert.equal(capped.result?.truncated, true);
   });
 
   it('registering needs an existing routine; an overloaded name needs its signature', async () => {
