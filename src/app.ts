@@ -64,7 +64,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     parts.push(hub);
     parts.push(await engine.startListener(hub));
     if (config.ASYNCPROC_ACTIVATOR) {
-      parts.push(await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') }));
+      parts.push(await engine.startActivator({ workerId: workerId(), maxRows: config.ASYNCPROC_MAX_ROWS, onError: (err) => logger.warn({ err }, 'activator') }));
     }
     const server = await startServer({
       engine,
@@ -91,7 +91,7 @@ export async function startWorker(config: Config, logger: Logger): Promise<App> 
     throw new ConfigError('DATABASE_URL is required by `worker` (point it at the database `serve` uses)');
   }
   const { engine, embedded } = await openDatabase(config, logger);
-  const activator = await engine.startActivator({ workerId: workerId(), onError: (err) => logger.warn({ err }, 'activator') });
+  const activator = await engine.startActivator({ workerId: workerId(), maxRows: config.ASYNCPROC_MAX_ROWS, onError: (err) => logger.warn({ err }, 'activator') });
   logger.info({ kind: engine.kind }, 'asyncproc worker running');
   return { engine, embedded, stop: stopper(logger, engine, embedded, [activator]) };
 }

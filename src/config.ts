@@ -26,6 +26,13 @@ const schema = z.object({
   ASYNCPROC_MAX_ARGUMENT_BYTES: positiveInt.default(64 * 1024),
   ASYNCPROC_RETENTION_DAYS: z.coerce.number({ message: 'expected a number of days' }).positive().default(7),
   ASYNCPROC_POOL_SIZE: positiveInt.default(10),
+  /** Rows of a call's first result set kept in its result (the rest are counted, `truncated` says so). */
+  ASYNCPROC_MAX_ROWS: z.coerce
+    .number({ message: 'expected a number of rows' })
+    .int('expected a whole number')
+    .min(0, 'expected 0 or more')
+    .max(100_000, 'at most 100000 (rows are kept in memory and in the results table)')
+    .default(100),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 

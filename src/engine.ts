@@ -45,14 +45,37 @@ export interface ExecutionError {
   severity: number | null;
   state: number | null;
   line: number | null;
+  /** PostgreSQL's DETAIL (null on SQL Server). */
+  detail: string | null;
+  /** Where it happened: PostgreSQL's CONTEXT (the call stack), SQL Server's ERROR_PROCEDURE(). */
+  context: string | null;
 }
 
 export interface ExecutionResult {
   returnValue: unknown;
   /** OUT / INOUT / OUTPUT parameters keyed by name (no leading `@`). */
   outputParameters: Record<string, unknown> | null;
-  /** The first result set's rows, capped. */
+  /** The first result set's rows, at most the configured cap (ASYNCPROC_MAX_ROWS). */
   rows: unknown[] | null;
+  /** Rows the routine produced (more than `rows` holds when truncated); null when it returned no result set or the engine does not count. */
+  rowCount: number | null;
+  /** Whether `rows` was cut at the cap; null when not known (SQL Server, or results recorded before it was tracked). */
+  truncated: boolean | null;
+}
+
+/**
+ * A stored outcome as an ExecutionResult. Outcomes recorded before rowCount/truncated
+ * existed say nothing about a cut: unknown, except that no rows cannot have been cut.
+ */
+export function toExecutionResult(stored: Partial<ExecutionResult>): ExecutionResult {
+  const rows = stored.rows ?? null;
+  return {
+    returnValue: stored.returnValue ?? null,
+    outputParameters: stored.outputParameters ?? null,
+    rows,
+    rowCount: stored.rowCount ?? null,
+    truncated: stored.truncated ?? (rows === null ? false : null),
+  };
 }
 
 export interface Execution {
@@ -258,6 +281,8 @@ export interface ActivatorOptions {
   workerId: string;
   /** Only serve these queues (all when absent). */
   queues?: string[];
+  /** Rows of a call's first result set kept in its result (PostgreSQL: run()'s row_cap). @default 100 */
+  maxRows?: number;
   onError?: (error: Error) => void;
 }
 

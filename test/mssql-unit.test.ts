@@ -310,11 +310,23 @@ describe('mssql: JSON ⇄ SQL values', () => {
       returnValue: 0,
       outputParameters: { total: 42, big: '12345678901234567890', price: 9.9, at: '2024-03-01T12:00:00', blob: 'AAE=' },
       rows: null,
+      rowCount: null,
+      truncated: false,
     });
     assert.deepEqual(decodeResult('{"returnValue":5,"outputParameters":null,"outputTypes":null,"rows":null}'), {
       returnValue: 5,
       outputParameters: null,
       rows: null,
+      rowCount: null,
+      truncated: false,
+    });
+    // the T-SQL does not count rows yet: whether they were cut is unknown; FOR JSON's bigint stays exact
+    assert.deepEqual(decodeResult('{"returnValue":0,"outputParameters":null,"rows":[{"id":9007199254740993,"n":1}]}'), {
+      returnValue: 0,
+      outputParameters: null,
+      rows: [{ id: '9007199254740993', n: 1 }],
+      rowCount: null,
+      truncated: null,
     });
     assert.equal(decodeResult(null), null);
   });
@@ -446,8 +458,10 @@ describe('mssql: execution log', () => {
       sessionId: 57,
       error: null,
     });
-    const failed = toAttempt(row({ status: 'FAILED', error_number: 50000, error_severity: 16, error_state: 1, error_line: 3, error_message: 'boom' }));
-    assert.deepEqual(failed.error, { number: '50000', message: 'boom', severity: 16, state: 1, line: 3 });
+    const failed = toAttempt(
+      row({ status: 'FAILED', error_number: 50000, error_severity: 16, error_state: 1, error_line: 3, error_procedure: 'usp_Charge', error_message: 'boom' }),
+    );
+    assert.deepEqual(failed.error, { number: '50000', message: 'boom', severity: 16, state: 1, line: 3, detail: null, context: 'usp_Charge' });
     assert.equal(toAttempt(row({ status: 'LOST' })).error, null);
     assert.equal(toAttempt(row({ status: 'RUNNING', finished_at: null })).finishedAt, null);
   });

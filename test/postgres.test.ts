@@ -96,7 +96,9 @@ describe('running calls', () => {
   it("an error's SQLSTATE, detail and line are recorded", async () => {
     const done = await run('pgtest.detailed', {});
     assert.equal(done.status, 'FAILED');
-    assert.deepEqual(done.error, { number: '22023', message: 'bad thing: the detail', severity: null, state: null, line: 3 });
+    const { context, ...error } = done.error!;
+    assert.deepEqual(error, { number: '22023', message: 'bad thing: the detail', severity: null, state: null, line: 3, detail: 'the detail' });
+    assert.match(context!, /^PL\/pgSQL function pgtest\.detailed\(\) line 3 at RAISE/);
   });
 
   it('arguments convert to every parameter type; defaults may be left out; null is NULL', async () => {
@@ -141,7 +143,7 @@ describe('running calls', () => {
 
   it('functions: a scalar is the return value; a set is the rows', async () => {
     const twice = await run('pgtest.twice', { x: 21 });
-    assert.deepEqual(twice.result, { returnValue: 42, outputParameters: null, rows: null });
+    assert.deepEqual(twice.result, { returnValue: 42, outputParameters: null, rows: null, rowCount: null, truncated: false });
     const series = await run('pgtest.series', { n: 3 });
     assert.deepEqual(series.result?.rows, [
       { i: 1, sq: 1 },
@@ -150,6 +152,8 @@ describe('running calls', () => {
     ]);
     const capped = await run('pgtest.series', { n: 1000 });
     assert.equal((capped.result?.rows as unknown[]).length, 100, 'the first result set is capped');
+    assert.equal(capped.result?.rowCount, 1000);
+    assert.equal(capped.result?.truncated, true);
   });
 
   it('registering needs an existing routine; an overloaded name needs its signature', async () => {

@@ -16,6 +16,10 @@ export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
   values: EXECUTION_STATUSES,
 });
 
+/** How numbers too large or too precise for JavaScript travel in JSON fields. */
+export const EXACT_NUMBERS =
+  'Numbers a JavaScript number cannot hold exactly (integers beyond ±(2^53−1), such as large bigint values; numerics with more digits than a double keeps) are given as strings holding the exact decimal.';
+
 const ExecutionErrorRef = builder.objectRef<ExecutionError>('ExecutionError').implement({
   description: 'Why a call failed, as the database reported it.',
   fields: (t) => ({
@@ -24,20 +28,38 @@ const ExecutionErrorRef = builder.objectRef<ExecutionError>('ExecutionError').im
     severity: t.exposeInt('severity', { nullable: true }),
     state: t.exposeInt('state', { nullable: true }),
     line: t.exposeInt('line', { nullable: true }),
+    detail: t.exposeString('detail', { nullable: true, description: "PostgreSQL's DETAIL (also appended to `message`); null on SQL Server." }),
+    context: t.exposeString('context', {
+      nullable: true,
+      description: "Where it failed: PostgreSQL's CONTEXT (the call stack, innermost first); on SQL Server the procedure (ERROR_PROCEDURE()).",
+    }),
   }),
 });
 
 const ExecutionResultRef = builder.objectRef<ExecutionResult>('ExecutionResult').implement({
-  description: 'What a successful call returned.',
+  description: `What a successful call returned. ${EXACT_NUMBERS}`,
   fields: (t) => ({
     returnValue: t.field({ type: 'JSON', nullable: true, resolve: (r) => r.returnValue ?? null }),
     outputParameters: t.field({
       type: 'JSON',
       nullable: true,
-      description: 'OUT / INOUT / OUTPUT parameters keyed by name.',
+      description: 'OUT / INOUT / OUTPUT parameters keyed by name: every one, also an INOUT parameter left to its default.',
       resolve: (r) => r.outputParameters ?? null,
     }),
-    rows: t.field({ type: 'JSON', nullable: true, description: 'The first result set, capped.', resolve: (r) => r.rows ?? null }),
+    rows: t.field({
+      type: 'JSON',
+      nullable: true,
+      description: 'The first result set: its first rows, at most the service\'s cap (ASYNCPROC_MAX_ROWS, default 100); see `truncated`.',
+      resolve: (r) => r.rows ?? null,
+    }),
+    rowCount: t.exposeInt('rowCount', {
+      nullable: true,
+      description: 'Rows the routine produced, also those cut from `rows`; null when it returned no result set or the engine does not count them (SQL Server).',
+    }),
+    truncated: t.exposeBoolean('truncated', {
+      nullable: true,
+      description: '`rows` holds fewer rows than the routine produced (cut at the cap); null when not known (SQL Server, results recorded by an older version).',
+    }),
   }),
 });
 
@@ -64,7 +86,11 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
   fields: (t) => ({
     token: t.exposeID('token'),
     procedure: t.exposeString('procedure'),
-    arguments: t.field({ type: 'JSON', resolve: (e) => e.arguments }),
+    arguments: t.field({
+      type: 'JSON',
+      description: `As submitted, with relative dates and times ("today", "now", …) resolved at submit. ${EXACT_NUMBERS}`,
+      resolve: (e) => e.arguments,
+    }),
     queue: t.exposeString('queue'),
     status: t.field({ type: ExecutionStatusEnum, resolve: (e) => e.status }),
     submittedAt: t.expose('submittedAt', { type: 'DateTime' }),

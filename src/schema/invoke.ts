@@ -6,7 +6,12 @@ import { ExecutionRef } from './execution.js';
 export const InvokeInput = builder.inputType('InvokeInput', {
   fields: (t) => ({
     procedure: t.string({ required: true, description: 'Registered name, e.g. `demo.add`.' }),
-    arguments: t.field({ type: 'JSON', required: false, description: 'Arguments keyed by parameter name.' }),
+    arguments: t.field({
+      type: 'JSON',
+      required: false,
+      description:
+        'Arguments keyed by parameter name. Send bigint values beyond ±(2^53−1) and numerics with more digits than a double keeps as strings (`"9007199254740993"`): a JSON number that large reaches the service already rounded. Relative dates and times ("today", "now", …) are resolved when the call is submitted.',
+    }),
     queue: t.string({ required: false, description: "Defaults to the procedure's queue." }),
     runAt: t.field({ type: 'DateTime', required: false, description: 'Not started before this instant.' }),
     maxAttempts: t.int({ required: false, description: "Defaults to the procedure's registration." }),

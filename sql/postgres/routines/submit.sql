@@ -12,6 +12,7 @@ create or replace function asyncproc.submit(
 language plpgsql as $$
 declare
   registered asyncproc.procedures;
+  routine    regprocedure;
   submitted  asyncproc.executions;
   problems   text;
   queue_name text;
@@ -25,6 +26,12 @@ begin
   if not found then
     raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001';
   end if;
+  routine := asyncproc.current_routine(registered.proc, registered.signature);
+  if routine is null then
+    raise exception 'procedure "%" is registered, but % no longer exists in the database', registered.name,
+                    coalesce(registered.signature, 'its routine')
+      using errcode = 'AP001', hint = 'Create it again, or register the routine that replaced it.';
+  end if;
   if submit.max_attempts is not null and submit.max_attempts not between 1 and 100 then
     raise exception 'maxAttempts must be between 1 and 100' using errcode = 'AP002';
   end if;
@@ -33,20 +40,24 @@ begin
     select 1 as ord, format('unknown argument "%s"', k) as problem
       from jsonb_object_keys(arguments) k
      where not exists (select 1 from asyncproc.parameters p
-                        where p.proc = registered.proc and p.name = k and p.mode in ('IN', 'INOUT', 'VARIADIC'))
+                        where p.proc = routine and p.name = k and p.mode in ('IN', 'INOUT', 'VARIADIC'))
     union all
     select 2, format('missing argument "%s" (%s)', p.name, p.type_name)
       from asyncproc.parameters p
-     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and not p.has_default
+     where p.proc = routine and p.mode in ('IN', 'INOUT', 'VARIADIC') and not p.has_default
        and not arguments ? p.name
     union all
     select 3, format('argument "%s": %s is not a valid %s', p.name, arguments -> p.name, p.type_name)
       from asyncproc.parameters p
-     where p.proc = registered.proc and p.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? p.name
+     where p.proc = routine and p.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? p.name
        and not asyncproc.fits(arguments -> p.name, p.type_oid)
   ) found;
   if problems is not null then
     raise exception 'invalid arguments for %: %', registered.name, problems using errcode = 'AP002';
+  end if;
+  -- cheap test first: most calls name no relative moment
+  if arguments::text ~* '(now|today|tomorrow|yesterday)' then
+    arguments := asyncproc.resolve_relative_times(arguments, routine);
   end if;
 
   queue_name := coalesce(submit.queue, registered.queue);

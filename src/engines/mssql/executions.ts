@@ -12,6 +12,7 @@ import {
   type PageRequest,
   type RunningExecution,
 } from '../../engine.js';
+import { parseExactJson } from '../exactJson.js';
 import { cursorFromRowversion, decodeResult, isToken, rowversionFromCursor } from './types.js';
 
 /** Anything that makes requests: a pool, or a transaction (one request at a time). */
@@ -19,7 +20,7 @@ export type Queryable = sql.ConnectionPool | sql.Transaction;
 
 export const EXECUTION_COLUMNS = `e.id, e.token, e.[procedure], e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
   e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_severity,
-  e.error_state, e.error_line, e.error_message, e.result, e.session_id, e.worker, e.row_version, e.batch_id, e.stage`;
+  e.error_state, e.error_line, e.error_procedure, e.error_message, e.result, e.session_id, e.worker, e.row_version, e.batch_id, e.stage`;
 
 export interface ExecutionRow {
   id: string | number;
@@ -39,6 +40,7 @@ export interface ExecutionRow {
   error_severity: number | null;
   error_state: number | null;
   error_line: number | null;
+  error_procedure: string | null;
   error_message: string | null;
   result: string | null;
   session_id: number | null;
@@ -55,6 +57,8 @@ export interface ErrorColumns {
   error_severity: number | null;
   error_state: number | null;
   error_line: number | null;
+  /** ERROR_PROCEDURE(): where the error was raised. */
+  error_procedure?: string | null;
   error_message: string | null;
 }
 
@@ -66,6 +70,8 @@ export function toExecutionError(row: ErrorColumns): ExecutionError | null {
     severity: row.error_severity,
     state: row.error_state,
     line: row.error_line,
+    detail: null, // SQL Server errors have no separate detail
+    context: row.error_procedure ?? null,
   };
 }
 
@@ -74,7 +80,7 @@ export function toExecution(row: ExecutionRow): Execution {
     id: String(row.id), // bigint arrives as text from the driver
     token: row.token.toLowerCase(), // the driver spells GUIDs in capitals; tokens are lower case everywhere
     procedure: row.procedure,
-    arguments: JSON.parse(row.arguments) as Record<string, unknown>,
+    arguments: parseExactJson(row.arguments) as Record<string, unknown>,
     queue: row.queue,
     status: row.status,
     submittedAt: row.submitted_at,

@@ -15,6 +15,7 @@ export interface AttemptRow {
   error_severity: number | null;
   error_state: number | null;
   error_line: number | null;
+  error_procedure?: string | null;
   error_message: string | null;
 }
 
@@ -56,7 +57,7 @@ export async function getHistory(db: Queryable, executionIds: readonly string[])
     req.input('ids', sql.NVarChar(sql.MAX), JSON.stringify(wanted));
     const result = await req.query<AttemptRow>(
       `SELECT a.execution_id, a.number, a.status, a.started_at, a.finished_at, a.session_id, a.worker,
-              a.error_number, a.error_severity, a.error_state, a.error_line, a.error_message
+              a.error_number, a.error_severity, a.error_state, a.error_line, a.error_procedure, a.error_message
          FROM asyncexec.AsyncExecAttempts AS a
         WHERE a.execution_id IN (SELECT CONVERT(bigint, [value]) FROM OPENJSON(@ids))
         ORDER BY a.execution_id, a.number`,

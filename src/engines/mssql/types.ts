@@ -4,7 +4,8 @@
  * check, CONVERT to call). Results come back as the JSON the activated procedure
  * built with FOR JSON, plus the declared types of the output parameters.
  */
-import { EngineError, type ExecutionResult, type ParameterMode } from '../../engine.js';
+import { EngineError, toExecutionResult, type ExecutionResult, type ParameterMode } from '../../engine.js';
+import { parseExactJson } from '../exactJson.js';
 
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 
@@ -78,7 +79,7 @@ interface StoredResult {
 /** AsyncExecResults.result (FOR JSON text) as an ExecutionResult. */
 export function decodeResult(text: string | null | undefined): ExecutionResult | null {
   if (text === null || text === undefined || text === '') return null;
-  const stored = JSON.parse(text) as StoredResult;
+  const stored = parseExactJson(text) as StoredResult;
   let outputParameters: Record<string, unknown> | null = null;
   if (stored.outputParameters && typeof stored.outputParameters === 'object') {
     outputParameters = {};
@@ -86,11 +87,12 @@ export function decodeResult(text: string | null | undefined): ExecutionResult |
       outputParameters[name] = fromSqlOutput(value, stored.outputTypes?.[name]);
     }
   }
-  return {
+  // the T-SQL does not count the rows it leaves out yet: rowCount and truncated stay unknown
+  return toExecutionResult({
     returnValue: stored.returnValue ?? null,
     outputParameters,
     rows: Array.isArray(stored.rows) ? stored.rows : null,
-  };
+  });
 }
 
 /** sys.parameters.is_output → mode. SQL Server cannot tell OUT from INOUT: OUTPUT parameters report OUT. */

@@ -14,6 +14,7 @@ import type {
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
+import { parseExactJson } from '../exactJson.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { connectionConfig } from './connection.js';
@@ -41,6 +42,9 @@ export interface PostgresEngineOptions {
 
 // bigint ids and cursors stay strings; timestamps arrive as Date
 pg.types.setTypeParser(pg.types.builtins.INT8, (v) => v);
+// results and arguments keep every number exact (past 2^53 as strings)
+pg.types.setTypeParser(pg.types.builtins.JSON, parseExactJson);
+pg.types.setTypeParser(pg.types.builtins.JSONB, parseExactJson);
 
 export type PostgresTransaction = pg.ClientBase;
 

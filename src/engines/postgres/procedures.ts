@@ -16,7 +16,8 @@ export async function listProcedures(pool: pg.Pool): Promise<Procedure[]> {
             coalesce((select jsonb_agg(jsonb_build_object('name', p.name, 'type', p.type_name, 'mode', p.mode,
                                                           'hasDefault', p.has_default, 'position', p.position)
                                        order by p.position)
-                        from asyncproc.parameters p where p.proc = r.proc and p.mode <> 'TABLE'), '[]') as parameters
+                        from asyncproc.parameters p
+                       where p.proc = asyncproc.current_routine(r.proc, r.signature) and p.mode <> 'TABLE'), '[]') as parameters
        from asyncproc.procedures r order by r.name`,
   );
   return rows.map((r) => ({

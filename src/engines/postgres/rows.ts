@@ -1,4 +1,4 @@
-import type { Execution, ExecutionError, ExecutionFilter, ExecutionStatus } from '../../engine.js';
+import { toExecutionResult, type Execution, type ExecutionError, type ExecutionFilter, type ExecutionResult, type ExecutionStatus } from '../../engine.js';
 
 /** The columns every execution read selects, in the shape toExecution() expects. */
 export const EXECUTION_COLUMNS = `e.id, e.token, e.procedure, e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
@@ -23,7 +23,7 @@ export interface ExecutionRow {
   error_message: string | null;
   error_detail: string | null;
   error_context: string | null;
-  result: Execution['result'];
+  result: Partial<ExecutionResult> | null;
   worker: string | null;
   backend_pid: number | null;
   seq: string;
@@ -47,8 +47,17 @@ export interface ErrorColumns {
 
 export function toExecutionError(row: ErrorColumns): ExecutionError | null {
   if (row.error_message === null) return null;
+  // the detail stays in the message too, for clients that show only the message
   const message = [row.error_message, row.error_detail].filter(Boolean).join(': ');
-  return { number: row.error_number, message, severity: null, state: null, line: lineOf(row.error_context ?? null) };
+  return {
+    number: row.error_number,
+    message,
+    severity: null,
+    state: null,
+    line: lineOf(row.error_context ?? null),
+    detail: row.error_detail,
+    context: row.error_context ?? null,
+  };
 }
 
 export function toExecution(row: ExecutionRow): Execution {
@@ -67,7 +76,7 @@ export function toExecution(row: ExecutionRow): Execution {
     maxAttempts: row.max_attempts,
     submittedBy: row.submitted_by,
     error: toExecutionError(row),
-    result: row.result,
+    result: row.result && toExecutionResult(row.result),
     worker: row.worker,
     sessionId: row.backend_pid,
     cursor: row.seq,
