@@ -224,7 +224,6 @@ describe('rows cut at the cap', () => {
 
   it(
     'ASYNCPROC_MAX_ROWS reaches the worker',
-    { todo: "the activator must pass options.maxRows as run()'s row_cap (activator.ts, the asyncproc-run statement)" },
     async () => {
       const url = await cluster.createDatabase();
       const capped = await startTestApp(url, { ASYNCPROC_MAX_ROWS: '5' });

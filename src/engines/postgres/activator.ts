@@ -169,8 +169,8 @@ class QueueWorkers {
           // a named (prepared) statement: parsed and planned once per connection
           await client.query<RunRow>({
             name: 'asyncproc-run',
-            text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms from asyncproc.run($1, $2, $3)',
-            values: [current, worker, this.activator.stopping ? null : this.name],
+            text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms from asyncproc.run($1, $2, $3, $4)',
+            values: [current, worker, this.activator.stopping ? null : this.name, this.activator.options.maxRows ?? 100],
           })
         ).rows[0];
         if (ran.done_seq !== null) notifier.event(current, ran.done_seq, ran.done_status!);
