@@ -12,6 +12,7 @@ const LANDED: Record<string, string> = {
   'postgres/0001_core.sql': '51ca8699bb3bdf44f770f7779b631948402bfa9b37ba982a35ffb75523e5be75',
   'postgres/0002_batches.sql': '240ec99eaad158fa82092fb853a85b7947f3cd0d6ca080cb47ec1e88c2e61fd6',
   'postgres/0003_change_feed.sql': '62a78aac757c7ce137b2128d79227a76be959b905cf829ea3bd5619bb8be67fb',
+  'postgres/0006_permissions.sql': 'fc5d1b65aa66e7426723ab410465c06b6260195c224463a95d43af44474e25cb',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
