@@ -35,11 +35,18 @@ async function serverAccount(): Promise<{ uid?: number; gid?: number }> {
 async function startProcess(command: string, args: string[], ready: RegExp, options: { uid?: number; gid?: number }): Promise<ChildProcess> {
   const child = spawn(command, args, { ...options, stdio: ['ignore', 'pipe', 'pipe'] });
   let log = '';
+  let started = false;
   await new Promise<void>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${path.basename(command)} did not start:\n${log}`)), 30_000);
+    const timer = setTimeout(() => {
+      child.kill('SIGKILL');
+      reject(new Error(`${path.basename(command)} did not start:\n${log}`));
+    }, 30_000);
+    // keep draining the pipes once started, so the process never blocks on a full one
     const read = (chunk: Buffer) => {
+      if (started) return;
       log += chunk;
       if (ready.test(log)) {
+        started = true;
         clearTimeout(timer);
         resolve();
       }
