@@ -142,6 +142,18 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0006_per
     await assert.rejects(caller.query(`select asyncproc.invoke('demo.add', '{"a": "x", "b": 1}')`), (e: any) => e.code === 'AP002');
   });
 
+  it('cannot steer invoke through its own search_path (an empty temp pg_type ahead of the catalog)', async () => {
+    await caller.query('begin');
+    try {
+      // unpinned, the argument check would read this table and let any value through
+      await caller.query(`set local search_path = pg_temp, pg_catalog;
+        create temp table pg_type (oid oid, typelem oid, typcategory "char") on commit drop`);
+      await assert.rejects(caller.query(`select asyncproc.invoke('demo.add', '{"a": "x", "b": 1}')`), (e: any) => e.code === 'AP002');
+    } finally {
+      await caller.query('rollback');
+    }
+  });
+
   it('leaves nothing behind when its own transaction rolls back', async () => {
     const before = (await sql.query('select (select count(*) from asyncproc.executions)::int as e, (select count(*) from asyncproc.batches)::int as b')).rows[0];
     await caller.query('begin');
