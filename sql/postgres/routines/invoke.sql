@@ -7,6 +7,7 @@ create or replace function asyncproc.invoke(
   max_attempts integer default null,
   submitted_by text default null
 ) returns uuid
+security definer set search_path = pg_catalog, asyncproc, pg_temp  -- callers need only EXECUTE (0005_permissions.sql)
 language sql as $$
   select s.token from asyncproc.submit(procedure, arguments, queue, run_at, max_attempts, submitted_by) s
 $$;

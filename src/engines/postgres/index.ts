@@ -17,6 +17,7 @@ import { Closeables } from '../closeables.js';
 import { parseExactJson } from '../exactJson.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
+import { checkDeployment } from './checks.js';
 import { connectionConfig } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
 import { invoke, submitMany } from './invoke.js';
@@ -72,8 +73,15 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
 
   async migrate(): Promise<void> {
+    // before anything is written: a standby or a transaction pooler would fail obscurely later
+    await this.check();
     const applied = await migrate(this.pool);
     if (applied.length) this.logger.info({ applied }, 'applied PostgreSQL migrations');
+  }
+
+  /** Start-up checks; each failure names its fix. */
+  check(): Promise<void> {
+    return checkDeployment(this.options.connectionString, this.logger);
   }
 
   installDemo(): Promise<void> {

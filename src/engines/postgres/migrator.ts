@@ -9,6 +9,13 @@ export const POSTGRES_SQL_DIR = path.resolve(path.dirname(fileURLToPath(import.m
 /** Serialises migrations (and demo installs) across processes starting at once. */
 const MIGRATION_LOCK = 0x41535959;
 
+/**
+ * PostgreSQL grants EXECUTE on every new function to PUBLIC, and a per-schema ALTER DEFAULT
+ * PRIVILEGES cannot take that back; so whatever creates routines revokes it in the same
+ * transaction: callers get in only through what 0005_permissions.sql describes.
+ */
+const CLOSE_ROUTINES = 'revoke execute on all routines in schema asyncproc from public';
+
 async function withMigrationLock<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
   try {
@@ -69,6 +76,7 @@ export async function applyRoutines(pool: pg.Pool, dir: string): Promise<string[
           [routine.file, routine.sha256],
         );
       }
+      await client.query(CLOSE_ROUTINES);
       await client.query('commit');
     } catch (error) {
       await client.query('rollback');
@@ -94,6 +102,7 @@ async function migrateVersions(pool: pg.Pool, dir: string): Promise<number[]> {
       try {
         await client.query(text);
         await client.query('insert into asyncproc.migrations (version, name) values ($1, $2)', [version, file]);
+        await client.query(CLOSE_ROUTINES);
         await client.query('commit');
       } catch (error) {
         await client.query('rollback');
