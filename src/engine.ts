@@ -199,7 +199,7 @@ export interface QueueInfo {
 export interface Attempt {
   /** 1, 2, …; a run lost with its worker and started again is logged too, with status LOST. */
   number: number;
-  status: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'LOST';
+  status: 'RUNNING' | 'SUCCEEDED' | 'FAILED' | 'CANCELLED' | 'LOST';
   startedAt: Date;
   finishedAt: Date | null;
   /** Who ran it (worker id on PostgreSQL, `session <spid>` on SQL Server). */

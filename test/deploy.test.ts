@@ -188,7 +188,7 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0005_per
 
   it('can execute nothing in the schema but invoke and invoke_batch, and those run as their owner with a pinned search_path', async () => {
     const { rows } = await sql.query(
-      `select p.oid::regprocedure::text as routine, p.prokind, p.prosecdef, p.proconfig,
+      `select p.oid::regprocedure::text as routine, p.prokind, p.prosecdef, p.proconfig, p.proisstrict,
               has_function_privilege('app_caller', p.oid, 'execute') as allowed,
               (select string_agg(format('null::%s', format_type(t, null)), ', ' order by i)
                  from unnest(p.proargtypes::oid[]) with ordinality a (t, i)) as nulls
@@ -204,8 +204,10 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0005_per
     for (const name of ['claim', 'run', 'finish', 'register', 'configure_queue', 'submit', 'submit_batch', 'cancel', 'recover']) {
       assert.ok(internal.some((r) => r.routine.startsWith(`asyncproc.${name}(`)), `asyncproc.${name} exists and is closed`);
     }
-    // refused before any argument is looked at: typed nulls fit every signature
-    for (const r of internal) {
+    // refused before any argument is looked at: typed nulls fit every signature (a STRICT
+    // function called with nulls is folded to null by the planner before any privilege check,
+    // so those are covered by has_function_privilege above only)
+    for (const r of internal.filter((r) => !r.proisstrict)) {
       const name = r.routine.replace(/\(.*/, '');
       const statement = r.prokind === 'p' ? `call ${name}(${r.nulls ?? ''})` : `select ${name}(${r.nulls ?? ''})`;
       await assert.rejects(caller.query(statement), (e: any) => e.code === '42501' && /permission denied for (function|procedure)/.test(e.message), statement);

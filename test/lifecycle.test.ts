@@ -233,6 +233,20 @@ describe('timeouts (item 6)', () => {
     assert.equal(await ledger('in-time'), 1);
   });
 
+  it('a call cancelled while it runs keeps that run in its history, as its last attempt (CANCELLED)', async () => {
+    const [call] = await engine.submit([{ procedure: 'demo.sleep', arguments: { seconds: 5 }, queue: 'lc_timeout', maxAttempts: 2 }]);
+    await waitFor(async () => (await engine.getExecution(call.token))?.status === 'RUNNING', 10_000, 'the call to start');
+    const cancelled = await engine.cancelExecution(call.token);
+    const ended = await waitFor(async () => {
+      const e = await engine.getExecution(call.token);
+      return e?.status === 'CANCELLED' ? e : null;
+    }, 10_000, 'the call to end CANCELLED');
+    assert.ok(cancelled);
+    const history = (await engine.getHistory([call.id])).get(call.id)!;
+    assert.deepEqual(history.map((a) => [a.number, a.status]), [[ended.attempts, 'CANCELLED']]);
+    assert.ok(history[0].startedAt && history[0].finishedAt, 'when it ran and when it was stopped');
+  });
+
   it('a stray cancel under a timeout is not taken for the timeout: the call goes back to its queue', async () => {
     const [call] = await engine.submit([{ procedure: 'lc.timed', arguments: { tag: 'stray', seconds: 0.3 } }]);
     const { backend_pid: pid } = await waitFor(async () => {

@@ -64,8 +64,8 @@ const ExecutionResultRef = builder.objectRef<ExecutionResult>('ExecutionResult')
 });
 
 const AttemptStatusEnum = builder.enumType('AttemptStatus', {
-  description: 'LOST: the worker (or session) running it died; the call was started again.',
-  values: ['RUNNING', 'SUCCEEDED', 'FAILED', 'LOST'] as const,
+  description: 'LOST: the worker (or session) running it died; the call was started again. CANCELLED: stopped while running by cancelExecution.',
+  values: ['RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED', 'LOST'] as const,
 });
 
 const AttemptRef = builder.objectRef<Attempt>('Attempt').implement({

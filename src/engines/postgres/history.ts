@@ -31,7 +31,10 @@ export async function getHistory(pool: pg.Pool, ids: readonly string[]): Promise
      select e.id, e.attempts + e.recoveries, e.status, e.started_at, e.finished_at, e.worker, e.backend_pid,
             e.error_number, e.error_message, e.error_detail, e.error_context
        from asyncproc.executions e
-      where e.id = any($1::bigint[]) and e.status in ('RUNNING', 'SUCCEEDED', 'FAILED') and e.started_at is not null
+      where e.id = any($1::bigint[]) and e.status in ('RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED') and e.started_at is not null
+        -- cancelled while it ran: that run is its last attempt; cancelled while waiting for a retry: already logged
+        and (e.status <> 'CANCELLED' or not exists (select 1 from asyncproc.attempts a
+                                                    where a.execution_id = e.id and a.number = e.attempts + e.recoveries))
      order by 1, 2`,
     [ids],
   );
