@@ -290,6 +290,26 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       for (const e of [fast, older]) await engine.cancelExecution(e.token);
     });
 
+    it("timeouts: a procedure's timeoutMs ends a longer call as a failed attempt, never runs it again beyond its attempts", async () => {
+      await engine.registerProcedure('demo.sleep', { timeoutMs: 500 });
+      try {
+        const started = Date.now();
+        const [slow, quick] = await submit([
+          { procedure: 'demo.sleep', arguments: { seconds: 5 }, maxAttempts: 1 },
+          { procedure: 'demo.sleep', arguments: { seconds: 0.05 } },
+        ]);
+        const rows = await finished([slow.token, quick.token], 20_000);
+        const timedOut = rows.find((r) => r.token === slow.token)!;
+        const inTime = rows.find((r) => r.token === quick.token)!;
+        assert.equal(inTime.status, 'SUCCEEDED');
+        assert.equal(timedOut.status, 'FAILED');
+        assert.equal(timedOut.attempts, 1, 'one attempt: a timeout is not a lost worker');
+        assert.ok(Date.now() - started < 4_500, 'stopped at its timeout, not at its end');
+      } finally {
+        await engine.registerProcedure('demo.sleep', { timeoutMs: null });
+      }
+    });
+
     it('change feed: pages of one read (upTo, after) return every change exactly once', async () => {
       const queue = unique('pages');
       await engine.configureQueue(queue, 1);
