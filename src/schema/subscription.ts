@@ -13,7 +13,7 @@ builder.subscriptionFields((t) => ({
   executionEvents: t.field({
     type: ExecutionEventRef,
     description:
-      'Every status change matching the filter. With `after` (an event cursor), first the latest state of everything that changed since, then live.',
+      'Status changes matching the filter, each event the execution as one commit left it (a state replaced before the service read it may be skipped, never delivered after a newer one). With `after` (an event cursor, or `changeCursor`), first the latest state of everything that changed since, then live: nothing missed, whatever order transactions commit in. A cursor resumes the same filter.',
     args: {
       filter: t.arg({ type: ExecutionFilterInput, required: false }),
       after: t.arg.string({ required: false }),
