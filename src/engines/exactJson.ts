@@ -29,6 +29,14 @@ export function isExactNumber(number: string): boolean {
   return Number.isFinite(value) && canonical(String(value)) === canonical(number);
 }
 
+/**
+ * Text that may hold an inexact number: an exponent, or a run of 16 digits and dots. A number
+ * with neither has at most 15 significant digits, which a double always holds exactly, so
+ * such text (nearly every row) goes straight to JSON.parse, with the same result.
+ */
+const MAYBE_INEXACT = /\d[eE]|\d[\d.]{15}/;
+
 export function parseExactJson(text: string): unknown {
+  if (!MAYBE_INEXACT.test(text)) return JSON.parse(text);
   return JSON.parse(text.replace(TOKEN, (token) => (token.startsWith('"') || isExactNumber(token) ? token : `"${token}"`)));
 }
