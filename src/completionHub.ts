@@ -6,6 +6,8 @@ import {
   toError,
   type Batch,
   type Change,
+  type ChangePage,
+  type ChangeRead,
   type Closeable,
   type Engine,
   type Execution,
@@ -124,21 +126,13 @@ export class CompletionHub implements ListenerSink, Closeable {
           if (epoch === this.epoch && !this.interested) this.position = union(this.position!, now);
           continue;
         }
-        let upper: Snapshot | undefined;
-        let after: Change | undefined;
-        for (;;) {
-          const page = await this.engine.readChanges(this.position!, {
-            limit: FEED_PAGE,
-            upTo: upper,
-            after: after && { writer: after.writer, order: after.order },
-          });
-          upper ??= page.position;
-          const final = page.changes.length < FEED_PAGE;
-          after = page.changes.at(-1);
-          this.dispatch({ upper, changes: page.changes, through: final ? upper.xmax : after!.writer });
-          if (final) break;
+        const since = this.position!;
+        let upper = since;
+        for await (const batch of this.pages({}, FEED_PAGE, (read) => this.engine.readChanges(since, read))) {
+          this.dispatch(batch);
+          upper = batch.upper;
         }
-        this.position = union(this.position!, upper);
+        this.position = union(since, upper);
         this.failures = 0;
       } catch (error) {
         // the position did not move: the next read (poll or notification) finds it all again
@@ -320,7 +314,11 @@ export class CompletionHub implements ListenerSink, Closeable {
         const upper = await this.untilRead(() => this.engine.currentPosition(), () => stopped);
         if (upper) {
           covered = floor ?? upper;
-          if (floor) await this.replay(floor, upper, filter, emit, () => stopped);
+          if (floor) {
+            // everything `upper` sees and `floor` does not, matching the filter
+            const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), () => stopped);
+            for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper)) await emit(batch);
+          }
           for (const batch of buffered.splice(0)) enqueue(batch);
           buffered = null;
           await stop;
@@ -332,24 +330,26 @@ export class CompletionHub implements ListenerSink, Closeable {
     });
   }
 
-  /** Everything `upper` sees and `floor` does not, matching `filter`, page by page. */
-  private async replay(
-    floor: Snapshot,
-    upper: Snapshot,
+  /**
+   * One read of the feed, page by page: what `read` returns from its position (matching
+   * `filter`), up to the snapshot of the first page, or `upTo` when given. `read` makes
+   * the engine call (a subscriber's replay retries it; null ends the read).
+   */
+  private async *pages(
     filter: ExecutionFilter,
-    emit: (batch: FeedBatch) => Promise<void>,
-    stopped: () => boolean,
-  ): Promise<void> {
+    limit: number,
+    read: (request: ChangeRead) => Promise<ChangePage | null>,
+    upTo?: Snapshot,
+  ): AsyncGenerator<FeedBatch> {
+    let upper = upTo;
     let after: Change | undefined;
-    while (!stopped()) {
-      const page = await this.untilRead(
-        () => this.engine.readChanges(floor, { filter, limit: REPLAY_PAGE, upTo: upper, after: after && { writer: after.writer, order: after.order } }),
-        stopped,
-      );
+    for (;;) {
+      const page = await read({ filter, limit, upTo: upper, after });
       if (!page) return;
-      const final = page.changes.length < REPLAY_PAGE;
+      upper ??= page.position;
+      const final = page.changes.length < limit;
       after = page.changes.at(-1);
-      await emit({ upper, changes: page.changes, through: final ? upper.xmax : after!.writer });
+      yield { upper, changes: page.changes, through: final ? upper.xmax : after!.writer };
       if (final) return;
     }
   }
