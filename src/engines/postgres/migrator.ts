@@ -30,15 +30,30 @@ async function withMigrationLock<T>(pool: pg.Pool, fn: (client: pg.PoolClient) =
   }
 }
 
+/** `fn` in one transaction on `client`: committed when it resolves, rolled back when it throws. */
+async function inTransaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> {
+  await client.query('begin');
+  try {
+    const result = await fn();
+    await client.query('commit');
+    return result;
+  } catch (error) {
+    await client.query('rollback');
+    throw error;
+  }
+}
+
 /**
  * Apply sql/postgres/NNNN_*.sql in order, each once, each in its own transaction,
  * recorded in asyncproc.migrations; then every routine of sql/postgres/routines/
  * whose content changed. Returns the versions applied now.
  */
 export async function migrate(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<number[]> {
-  const applied = await migrateVersions(pool, dir);
-  await applyRoutines(pool, path.join(dir, 'routines'));
-  return applied;
+  return withMigrationLock(pool, async (client) => {
+    const applied = await applyVersions(client, dir);
+    await applyChangedRoutines(client, path.join(dir, 'routines'));
+    return applied;
+  });
 }
 
 /**
@@ -48,83 +63,68 @@ export async function migrate(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Pr
  * with function bodies checked at call time (a routine may call one later in the order).
  * A file that changes a routine's signature drops the old one first.
  */
-export async function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
-  const files = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
-  const texts = await Promise.all(files.map((f) => readFile(path.join(dir, f), 'utf8')));
-  return withMigrationLock(pool, async (client) => {
-    await client.query(`create table if not exists asyncproc.routines (
-        name text primary key, sha256 text not null, applied_at timestamptz not null default now())`);
-    const known = new Map(
-      (await client.query<{ name: string; sha256: string }>('select name, sha256 from asyncproc.routines')).rows.map((r) => [r.name, r.sha256]),
-    );
-    const changed = files
-      .map((file, i) => ({ file, text: texts[i], sha256: createHash('sha256').update(texts[i]).digest('hex') }))
-      .filter((r) => known.get(r.file) !== r.sha256);
-    if (!changed.length) return [];
-    await client.query('begin');
-    try {
-      await client.query('set local check_function_bodies = off');
-      for (const routine of changed) {
-        try {
-          await client.query(routine.text);
-        } catch (error) {
-          throw new Error(`routine ${routine.file} failed: ${(error as Error).message}`, { cause: error });
-        }
-        await client.query(
-          `insert into asyncproc.routines (name, sha256) values ($1, $2)
-           on conflict (name) do update set sha256 = excluded.sha256, applied_at = now()`,
-          [routine.file, routine.sha256],
-        );
-      }
-      await client.query(CLOSE_ROUTINES);
-      await client.query('commit');
-    } catch (error) {
-      await client.query('rollback');
-      throw error;
-    }
-    return changed.map((r) => r.file);
-  });
+export function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
+  return withMigrationLock(pool, (client) => applyChangedRoutines(client, dir));
 }
 
-async function migrateVersions(pool: pg.Pool, dir: string): Promise<number[]> {
-  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
-  return withMigrationLock(pool, async (client) => {
-    await client.query(`create schema if not exists asyncproc;
-      create table if not exists asyncproc.migrations (
-        version integer primary key, name text not null, applied_at timestamptz not null default now())`);
-    const done = new Set((await client.query<{ version: number }>('select version from asyncproc.migrations')).rows.map((r) => r.version));
-    const applied: number[] = [];
-    for (const file of files) {
-      const version = Number(file.slice(0, 4));
-      if (done.has(version)) continue;
-      const text = await readFile(path.join(dir, file), 'utf8');
-      await client.query('begin');
+async function applyChangedRoutines(client: pg.PoolClient, dir: string): Promise<string[]> {
+  const files = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
+  const texts = await Promise.all(files.map((f) => readFile(path.join(dir, f), 'utf8')));
+  await client.query(`create table if not exists asyncproc.routines (
+      name text primary key, sha256 text not null, applied_at timestamptz not null default now())`);
+  const known = new Map(
+    (await client.query<{ name: string; sha256: string }>('select name, sha256 from asyncproc.routines')).rows.map((r) => [r.name, r.sha256]),
+  );
+  const changed = files
+    .map((file, i) => ({ file, text: texts[i], sha256: createHash('sha256').update(texts[i]).digest('hex') }))
+    .filter((r) => known.get(r.file) !== r.sha256);
+  if (!changed.length) return [];
+  await inTransaction(client, async () => {
+    await client.query('set local check_function_bodies = off');
+    for (const routine of changed) {
       try {
+        await client.query(routine.text);
+      } catch (error) {
+        throw new Error(`routine ${routine.file} failed: ${(error as Error).message}`, { cause: error });
+      }
+      await client.query(
+        `insert into asyncproc.routines (name, sha256) values ($1, $2)
+         on conflict (name) do update set sha256 = excluded.sha256, applied_at = now()`,
+        [routine.file, routine.sha256],
+      );
+    }
+    await client.query(CLOSE_ROUTINES);
+  });
+  return changed.map((r) => r.file);
+}
+
+async function applyVersions(client: pg.PoolClient, dir: string): Promise<number[]> {
+  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
+  await client.query(`create schema if not exists asyncproc;
+    create table if not exists asyncproc.migrations (
+      version integer primary key, name text not null, applied_at timestamptz not null default now())`);
+  const done = new Set((await client.query<{ version: number }>('select version from asyncproc.migrations')).rows.map((r) => r.version));
+  const applied: number[] = [];
+  for (const file of files) {
+    const version = Number(file.slice(0, 4));
+    if (done.has(version)) continue;
+    const text = await readFile(path.join(dir, file), 'utf8');
+    try {
+      await inTransaction(client, async () => {
         await client.query(text);
         await client.query('insert into asyncproc.migrations (version, name) values ($1, $2)', [version, file]);
         await client.query(CLOSE_ROUTINES);
-        await client.query('commit');
-      } catch (error) {
-        await client.query('rollback');
-        throw new Error(`migration ${file} failed: ${(error as Error).message}`, { cause: error });
-      }
-      applied.push(version);
+      });
+    } catch (error) {
+      throw new Error(`migration ${file} failed: ${(error as Error).message}`, { cause: error });
     }
-    return applied;
-  });
+    applied.push(version);
+  }
+  return applied;
 }
 
 /** Install (or refresh) the demo procedures and register them. */
 export async function installDemo(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<void> {
   const text = await readFile(path.join(dir, 'demo.sql'), 'utf8');
-  await withMigrationLock(pool, async (client) => {
-    await client.query('begin');
-    try {
-      await client.query(text);
-      await client.query('commit');
-    } catch (error) {
-      await client.query('rollback');
-      throw error;
-    }
-  });
+  await withMigrationLock(pool, (client) => inTransaction(client, () => client.query(text)));
 }
