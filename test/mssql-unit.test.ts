@@ -25,6 +25,8 @@ import {
   fromSqlOutput,
   parameterMode,
   rowversionFromCursor,
+  rowversionOf,
+  rowversionValue,
   toSqlJson,
 } from '../src/engines/mssql/types.js';
 import { parseMssqlUrl } from '../src/engines/mssql/url.js';
@@ -345,6 +347,14 @@ describe('mssql: cursors and errors', () => {
     assert.deepEqual(rowversionFromCursor('0x00000000000007d0'), low);
     assert.ok(cursorFromRowversion(low) < cursorFromRowversion(high));
     assert.throws(() => cursorFromRowversion(Buffer.alloc(4)), /8 bytes/);
+  });
+
+  it('a rowversion is the unsigned number the change feed orders by, and back', () => {
+    const top = Buffer.from('FFFFFFFFFFFFFFFE', 'hex');
+    assert.equal(rowversionValue(Buffer.from('00000000000007D0', 'hex')), 2000n);
+    assert.equal(rowversionValue(top), (1n << 64n) - 2n);
+    assert.deepEqual(rowversionOf((1n << 64n) - 2n), top);
+    assert.deepEqual(rowversionOf(2000n), Buffer.from('00000000000007D0', 'hex'));
   });
 
   it('refuses malformed cursors with BAD_USER_INPUT', () => {

@@ -13,7 +13,7 @@ import {
   type RunningExecution,
 } from '../../engine.js';
 import { parseExactJson } from '../exactJson.js';
-import { cursorFromRowversion, decodeResult, isToken, rowversionFromCursor } from './types.js';
+import { cursorFromRowversion, decodeResult, isToken, rowversionOf, rowversionValue } from './types.js';
 
 /** Anything that makes requests: a pool, or a transaction (one request at a time). */
 export type Queryable = sql.ConnectionPool | sql.Transaction;
@@ -196,12 +196,6 @@ export async function countExecutions(db: Queryable, filter: ExecutionFilter): P
   return Number(result.recordset[0].n);
 }
 
-const rowversion = (value: bigint) => {
-  const buffer = Buffer.alloc(8);
-  buffer.writeBigUInt64BE(value);
-  return buffer;
-};
-
 /**
  * The change feed (see src/changeCursor.ts), by rowversion. A transaction still open may
  * yet commit a rowversion below one already committed, so a read sees only rowversions
@@ -213,15 +207,15 @@ const rowversion = (value: bigint) => {
 export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRead): Promise<ChangePage> {
   const req = request(db);
   const conditions = where(req, read.filter ?? {});
-  req.input('from', sql.VarBinary(8), rowversion(since.xip.length ? since.xmin : since.xmax));
+  req.input('from', sql.VarBinary(8), rowversionOf(since.xip.length ? since.xmin : since.xmax));
   conditions.push('e.row_version >= @from');
   conditions.push('e.row_version < @upto');
   if (read.after) {
-    req.input('after', sql.VarBinary(8), rowversion(read.after.writer));
+    req.input('after', sql.VarBinary(8), rowversionOf(read.after.writer));
     conditions.push('e.row_version > @after');
   }
   req.input('take', sql.Int, Math.max(1, Math.min(Math.trunc(read.limit), 10_000)));
-  req.input('given', sql.VarBinary(8), read.upTo ? rowversion(read.upTo.xmax) : null);
+  req.input('given', sql.VarBinary(8), read.upTo ? rowversionOf(read.upTo.xmax) : null);
   const result = await req.query<ExecutionRow>(
     `DECLARE @upto binary(8) = COALESCE(@given, CONVERT(binary(8), MIN_ACTIVE_ROWVERSION()));
      SELECT TOP (@take) ${EXECUTION_COLUMNS} FROM asyncexec.AsyncExecResults AS e ${clause(conditions)}
@@ -229,11 +223,11 @@ export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRe
      SELECT @upto AS upto;`,
   );
   const recordsets = result.recordsets as unknown as [ExecutionRow[], { upto: Buffer }[]];
-  const upto = Buffer.from(recordsets[1][0].upto).readBigUInt64BE();
+  const upto = rowversionValue(recordsets[1][0].upto);
   const position = read.upTo ?? { xmin: upto, xmax: upto, xip: [] };
   const changes = recordsets[0]
     .map((row) => {
-      const writer = Buffer.from(row.row_version).readBigUInt64BE();
+      const writer = rowversionValue(row.row_version);
       return { writer, order: writer, execution: toExecution(row) };
     })
     .filter((change) => !sees(since, change.writer));
@@ -243,7 +237,7 @@ export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRe
 /** Every rowversion below MIN_ACTIVE_ROWVERSION() has committed. */
 export async function currentPosition(db: Queryable): Promise<Snapshot> {
   const result = await request(db).query<{ v: Buffer }>('SELECT CONVERT(binary(8), MIN_ACTIVE_ROWVERSION()) AS v');
-  const value = Buffer.from(result.recordset[0].v).readBigUInt64BE();
+  const value = rowversionValue(result.recordset[0].v);
   return { xmin: value, xmax: value, xip: [] };
 }
 

@@ -109,6 +109,18 @@ export function cursorFromRowversion(value: Buffer | Uint8Array): string {
   return `0x${buffer.toString('hex').toUpperCase()}`;
 }
 
+/** A rowversion as the number it is (the change feed's writer and position). */
+export function rowversionValue(value: Buffer | Uint8Array): bigint {
+  return Buffer.from(value).readBigUInt64BE();
+}
+
+/** A number back to the rowversion (binary(8)) it stands for. */
+export function rowversionOf(value: bigint): Buffer {
+  const buffer = Buffer.alloc(8);
+  buffer.writeBigUInt64BE(value);
+  return buffer;
+}
+
 /** A cursor text back to the 8 bytes it stands for. */
 export function rowversionFromCursor(cursor: string): Buffer {
   if (!CURSOR.test(cursor)) throw new EngineError('BAD_USER_INPUT', `malformed cursor "${cursor}" (expected 0x and 16 hex digits)`);
