@@ -13,14 +13,6 @@ export async function getExecutions(pool: pg.Pool, tokens: readonly string[]): P
   return rows.map(toExecution);
 }
 
-export async function getExecutionsByIds(pool: pg.Pool, ids: readonly string[]): Promise<Execution[]> {
-  const { rows } = await pool.query<ExecutionRow>(
-    `select ${EXECUTION_COLUMNS} from asyncproc.executions e where e.id = any($1::bigint[])`,
-    [ids],
-  );
-  return rows.map(toExecution);
-}
-
 /** Newest first; `after`/`before` are execution ids. */
 export async function listExecutions(pool: pg.Pool, filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage> {
   const { where, params } = filterSql(filter);
