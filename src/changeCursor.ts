@@ -9,11 +9,13 @@
  * xmax and the in-progress list between them — and says exactly which writers it has
  * seen: every number below xmin, none from xmax on, and between them all but the listed
  * ones. A reader that read with snapshot S has read every change S sees; the changes it
- * has not read are exactly those S does not see, however late they commit, and no reader
- * waits for a long transaction to end before it may move on.
+ * has not read are exactly those S does not see, however late they commit, and on
+ * PostgreSQL no reader waits for a long transaction to end before it may move on.
  *
  * SQL Server positions are snapshots with no in-progress list (every rowversion below
- * MIN_ACTIVE_ROWVERSION() has committed, none above is read yet).
+ * MIN_ACTIVE_ROWVERSION() has committed, none above is read yet). There a reader does wait:
+ * MIN_ACTIVE_ROWVERSION() stays below any open transaction of the database that wrote a
+ * rowversion, so such a transaction holds the feed back until it ends.
  *
  * The text form is PostgreSQL's own (`xmin:xmax:xip,xip`), decimal.
  */

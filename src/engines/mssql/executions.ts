@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { sees, type Snapshot } from '../../changeCursor.js';
+import type { Snapshot } from '../../changeCursor.js';
 import {
   EngineError,
   type Execution,
@@ -201,14 +201,26 @@ export async function countExecutions(db: Queryable, filter: ExecutionFilter): P
  * yet commit a rowversion below one already committed, so a read sees only rowversions
  * below MIN_ACTIVE_ROWVERSION(), taken before the read: every one of those has committed.
  * The position is then a snapshot with no in-progress list (xmin = xmax = that value).
- * Positions this engine hands out never list writers in progress; for one that does, the
- * read starts at its xmin and what it saw already is left out here.
+ * Positions this engine hands out never list writers in progress; for one that does (a
+ * client's cursor may), the read starts at its xmin and leaves out, in the query itself so
+ * that TOP still fills a page, what that position saw: rowversions below its xmax but
+ * listed. CONVERT style 1 reads the `0x…` text OPENJSON yields as binary.
  */
 export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRead): Promise<ChangePage> {
   const req = request(db);
   const conditions = where(req, read.filter ?? {});
-  req.input('from', sql.VarBinary(8), rowversionOf(since.xip.length ? since.xmin : since.xmax));
-  conditions.push('e.row_version >= @from');
+  if (since.xip.length) {
+    req.input('from', sql.VarBinary(8), rowversionOf(since.xmin));
+    req.input('xmax', sql.VarBinary(8), rowversionOf(since.xmax));
+    req.input('xip', sql.NVarChar(sql.MAX), JSON.stringify(since.xip.map((x) => cursorFromRowversion(rowversionOf(x)))));
+    conditions.push(
+      'e.row_version >= @from',
+      '(e.row_version >= @xmax OR e.row_version IN (SELECT CONVERT(binary(8), [value], 1) FROM OPENJSON(@xip)))',
+    );
+  } else {
+    req.input('from', sql.VarBinary(8), rowversionOf(since.xmax));
+    conditions.push('e.row_version >= @from');
+  }
   conditions.push('e.row_version < @upto');
   if (read.after) {
     req.input('after', sql.VarBinary(8), rowversionOf(read.after.writer));
@@ -225,12 +237,10 @@ export async function readChanges(db: Queryable, since: Snapshot, read: ChangeRe
   const recordsets = result.recordsets as unknown as [ExecutionRow[], { upto: Buffer }[]];
   const upto = rowversionValue(recordsets[1][0].upto);
   const position = read.upTo ?? { xmin: upto, xmax: upto, xip: [] };
-  const changes = recordsets[0]
-    .map((row) => {
-      const writer = rowversionValue(row.row_version);
-      return { writer, order: writer, execution: toExecution(row) };
-    })
-    .filter((change) => !sees(since, change.writer));
+  const changes = recordsets[0].map((row) => {
+    const writer = rowversionValue(row.row_version);
+    return { writer, order: writer, execution: toExecution(row) };
+  });
   return { position, changes };
 }
 
