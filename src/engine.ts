@@ -34,8 +34,15 @@ export interface InvokeCall {
   runAt?: Date | null;
   /** Attempts in all; defaults to the procedure's registration. */
   maxAttempts?: number | null;
-  /** Who submitted the call (free text, recorded). */
+  /** Who submitted the call: the verified subject (or, with auth off, what the caller said). Recorded. */
   submittedBy?: string | null;
+  /**
+   * The caller's roles, checked by the engine against the procedure's registered roles
+   * (FORBIDDEN, nothing enqueued, when the procedure names roles and the caller holds
+   * none of them and is not `admin`). null/absent: not checked (anonymous development
+   * mode, SQL callers of the database functions).
+   */
+  callerRoles?: readonly string[] | null;
 }
 
 export interface ExecutionError {
@@ -176,12 +183,46 @@ export interface Procedure {
   queue: string;
   maxAttempts: number;
   timeoutMs: number | null;
+  /** Roles that may invoke it (any one of them, or `admin`); empty: any authenticated caller. */
+  roles: string[];
 }
 
 export interface RegisterOptions {
   queue?: string;
   maxAttempts?: number;
   timeoutMs?: number | null;
+  /** Roles that may invoke it; empty or absent: any authenticated caller. Names as ROLE_NAME. */
+  roles?: readonly string[] | null;
+}
+
+/** Role names (JWT claims, API keys, procedure permissions): 1–64 of A-Z a-z 0-9 _ . : - */
+export const ROLE_NAME = /^[A-Za-z0-9_.:-]{1,64}$/;
+/** Register procedures, configure queues, manage API keys, see and cancel everything. */
+export const ADMIN_ROLE = 'admin';
+/** See and cancel everything. */
+export const OPERATOR_ROLE = 'operator';
+
+/** A stored API key (never its secret: only a SHA-256 hash of it is kept). */
+export interface ApiKey {
+  id: string;
+  name: string;
+  roles: string[];
+  /** The first characters of the secret (`apk_abcd`), so an operator can tell keys apart. */
+  prefix: string;
+  createdAt: Date;
+  createdBy: string | null;
+  lastUsedAt: Date | null;
+  revokedAt: Date | null;
+}
+
+export interface NewApiKey {
+  /** 1–128 characters, unique among keys not revoked (BAD_USER_INPUT otherwise). */
+  name: string;
+  roles: readonly string[];
+  /** Lower-case hex SHA-256 of the secret. */
+  secretHash: string;
+  prefix: string;
+  createdBy: string | null;
 }
 
 export interface QueueInfo {
@@ -213,6 +254,8 @@ export interface ExecutionFilter {
   status?: ExecutionStatus[] | null;
   procedure?: string | null;
   queue?: string | null;
+  /** Only executions submitted by this subject: a plain caller's view of its own work. */
+  submittedBy?: string | null;
 }
 
 /** Keyset page request over executions, newest first. Cursors are execution ids. */
@@ -343,13 +386,24 @@ export interface Engine<Tx = unknown> {
   /** The feed's position now: a reader there has nothing older left to read. */
   currentPosition(): Promise<Snapshot>;
   listProcedures(): Promise<Procedure[]>;
+  /** Register (or re-register, replacing its options) a procedure. Errors: UNKNOWN_PROCEDURE, UNKNOWN_QUEUE, BAD_USER_INPUT. */
   registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;
+  /** Remove a registration (the routine itself stays); executions already submitted still run. NOT_FOUND when not registered. */
+  unregisterProcedure(name: string): Promise<Procedure>;
+  /** Store a new API key; BAD_USER_INPUT for a bad or duplicate name or a bad role name. */
+  createApiKey(key: NewApiKey): Promise<ApiKey>;
+  /** Every key, revoked ones too, newest first. */
+  listApiKeys(): Promise<ApiKey[]>;
+  /** Revoke a key (it stops working at once); NOT_FOUND for an unknown id, the key as it is when already revoked. */
+  revokeApiKey(id: string): Promise<ApiKey>;
+  /** The key whose secret hashes to `secretHash`, if not revoked (and record its use, at most once a minute). */
+  findApiKey(secretHash: string): Promise<ApiKey | null>;
   /** Every queue with its counts; `recent` covers executions that ended within the last `recentSeconds` (default 3600). */
   listQueues(recentSeconds?: number): Promise<QueueInfo[]>;
   /** Create a named queue or change its concurrency limit (1–1000); BAD_USER_INPUT for a bad name or limit. */
   configureQueue(name: string, concurrency: number): Promise<QueueInfo>;
   /** Executions RUNNING now (optionally of one queue), longest-running first, with elapsed time by the database clock. */
-  listRunning(queue: string | null, limit: number): Promise<RunningExecution[]>;
+  listRunning(queue: string | null, limit: number, submittedBy?: string | null): Promise<RunningExecution[]>;
   /**
    * Submit a batch in one new transaction, all or none: `stages[0]` is released at once,
    * each later stage when every execution of the one before has ended (released by
