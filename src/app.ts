@@ -2,7 +2,9 @@ import { createHash } from 'node:crypto';
 import { hostname } from 'node:os';
 import path from 'node:path';
 import { CompletionHub } from './completionHub.js';
-import { ConfigError, type Config } from './config.js';
+import { Authenticator } from './auth/authenticate.js';
+import { RateLimiter } from './auth/rateLimit.js';
+import { authSettings, ConfigError, type Config } from './config.js';
 import type { Closeable, Engine } from './engine.js';
 import { startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
 import { createEngine } from './engines/index.js';
@@ -56,7 +58,18 @@ function workerId(): string {
 
 /** `serve`: GraphQL server, completion listener and (unless ASYNCPROC_ACTIVATOR=false) the worker pool. */
 export async function startApp(config: Config, logger: Logger): Promise<App> {
+  // before the database starts: a production set-up without authentication stops here
+  const settings = authSettings(config);
   const { engine, embedded } = await openDatabase(config, logger);
+  const auth = new Authenticator(settings, engine, logger);
+  if (!auth.required) {
+    logger.warn(
+      config.DATABASE_URL
+        ? 'AUTHENTICATION IS OFF (ASYNCPROC_AUTH=none): anyone who reaches this port may invoke every procedure and see and cancel all work'
+        : 'AUTHENTICATION IS OFF (development mode on the embedded database): anyone who reaches this port may invoke every procedure and see and cancel all work. Configure ASYNCPROC_JWT_SECRET (or another JWT key) or API keys before exposing it; see README "Security".',
+    );
+  }
+  const rate = config.ASYNCPROC_RATE_LIMIT ?? (auth.required ? 20 : 0);
   const parts: Closeable[] = [];
   const hub = new CompletionHub(engine, logger);
   try {
@@ -75,8 +88,11 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       graphiql: config.ASYNCPROC_GRAPHIQL,
       maxBodyBytes: config.ASYNCPROC_MAX_BODY_BYTES,
       limits: { maxCalls: config.ASYNCPROC_MAX_CALLS, maxArgumentBytes: config.ASYNCPROC_MAX_ARGUMENT_BYTES },
+      auth,
+      rateLimit: rate > 0 ? new RateLimiter(rate, config.ASYNCPROC_RATE_BURST ?? Math.max(10, Math.ceil(rate * 3))) : null,
+      maxConnectionsPerCaller: config.ASYNCPROC_MAX_CONNECTIONS_PER_CALLER,
     });
-    logger.info({ url: server.url }, `asyncproc listening: GraphiQL at http://localhost:${server.port}/graphql`);
+    logger.info({ url: server.url, auth: settings.mode, jwt: settings.jwt ? (settings.jwt.jwksUrl ? 'jwks' : settings.jwt.publicKey ? 'public key' : 'secret') : 'off' }, `asyncproc listening: GraphiQL at http://localhost:${server.port}/graphql`);
     return { engine, hub, server, embedded, stop: stopper(logger, engine, embedded, [server, ...parts.reverse()]) };
   } catch (error) {
     await stopper(logger, engine, embedded, parts.reverse())();

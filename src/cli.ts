@@ -4,7 +4,11 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { startApp, startWorker, type App } from './app.js';
+import { createApiKey } from './auth/apiKeys.js';
 import { ConfigError, loadConfig } from './config.js';
+import { embeddedUrl } from './embeddedPostgres.js';
+import { EngineError, type ApiKey, type Engine } from './engine.js';
+import { createEngine } from './engines/index.js';
 import { createLogger } from './logger.js';
 
 const SCHEMA_FILE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../schema/schema.graphql');
@@ -49,6 +53,53 @@ program
     await runUntilSignal(() => startWorker(cfg, createLogger(cfg.LOG_LEVEL)));
   });
 
+/** An engine on DATABASE_URL, or on the embedded PostgreSQL of a running `npm start`; migrated. */
+async function withEngine<T>(fn: (engine: Engine) => Promise<T>): Promise<T> {
+  const cfg = loadConfig(process.env);
+  const engine = await createEngine({ url: cfg.DATABASE_URL ?? embeddedUrl(cfg.ASYNCPROC_EMBEDDED_PORT), logger: createLogger('warn'), poolSize: 2 });
+  try {
+    await engine.migrate();
+    return await fn(engine);
+  } catch (error) {
+    if (!cfg.DATABASE_URL && /ECONNREFUSED/.test(String((error as Error).message))) {
+      throw new ConfigError(`no database: set DATABASE_URL, or start the service (npm start) so its embedded PostgreSQL answers on port ${cfg.ASYNCPROC_EMBEDDED_PORT}`);
+    }
+    throw error;
+  } finally {
+    await engine.close();
+  }
+}
+
+const printKey = (key: ApiKey) =>
+  `${key.id}  ${key.name}  roles=${key.roles.join(',') || '-'}  ${key.prefix}…  created ${key.createdAt.toISOString()}` +
+  (key.revokedAt ? `  REVOKED ${key.revokedAt.toISOString()}` : '') +
+  (key.lastUsedAt ? `  last used ${key.lastUsedAt.toISOString()}` : '');
+
+const apiKeys = program.command('api-key').description('manage API keys in the database (the first admin key is made here)');
+apiKeys
+  .command('create')
+  .description('create a key and print its secret (shown once)')
+  .requiredOption('--name <name>', 'what the key is for (unique among keys not revoked)')
+  .option('--roles <roles>', 'comma-separated roles, e.g. admin or operator', '')
+  .action(async (options: { name: string; roles: string }) => {
+    const roles = options.roles.split(',').map((r) => r.trim()).filter(Boolean);
+    const { key, secret } = await withEngine((engine) => createApiKey(engine, { name: options.name, roles, createdBy: 'cli' }));
+    process.stderr.write(`${printKey(key)}\nsecret (shown once; send as "Authorization: ApiKey <secret>"):\n`);
+    process.stdout.write(`${secret}\n`);
+  });
+apiKeys
+  .command('list')
+  .description('list keys, revoked ones too')
+  .action(async () => {
+    for (const key of await withEngine((engine) => engine.listApiKeys())) process.stdout.write(`${printKey(key)}\n`);
+  });
+apiKeys
+  .command('revoke <id>')
+  .description('revoke a key: it stops working at once')
+  .action(async (id: string) => {
+    process.stdout.write(`${printKey(await withEngine((engine) => engine.revokeApiKey(id)))}\n`);
+  });
+
 program
   .command('print-schema')
   .description('print the GraphQL SDL; --write updates schema/schema.graphql, --check fails when it differs')
@@ -68,7 +119,7 @@ program
   });
 
 program.parseAsync().catch((error: unknown) => {
-  if (error instanceof ConfigError) process.stderr.write(`asyncproc: ${error.message}\n`);
+  if (error instanceof ConfigError || error instanceof EngineError) process.stderr.write(`asyncproc: ${error.message}\n`);
   else process.stderr.write(`asyncproc: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`);
   process.exit(1);
 });

@@ -166,11 +166,12 @@ export class CompletionHub implements ListenerSink, Closeable {
 
   /**
    * The execution once it has finished: one value, then the stream ends — also when
-   * it finished before the subscription began. Throws NOT_FOUND for an unknown token.
+   * it finished before the subscription began. Throws NOT_FOUND for an unknown token,
+   * and for one `visible` refuses (so a caller cannot tell another's token from none).
    */
-  async completed(token: string): Promise<AsyncIterableIterator<Execution>> {
+  async completed(token: string, visible: (execution: Execution) => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
     const first = await this.engine.getExecution(token);
-    if (!first) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
+    if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
     return this.once({
       executionIds: [first.id],
       first,
@@ -186,9 +187,9 @@ export class CompletionHub implements ListenerSink, Closeable {
    * before the subscription began. A batch ends in the transaction that ends its last
    * execution, so the batch is read again whenever one of its executions ends.
    */
-  async batchCompleted(id: string): Promise<AsyncIterableIterator<Batch>> {
+  async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true): Promise<AsyncIterableIterator<Batch>> {
     const first = await this.engine.getBatch(id);
-    if (!first) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
+    if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
     return this.once({
       executionIds: (await this.engine.getBatchExecutions(id)).map((execution) => execution.id),
       first,

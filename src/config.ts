@@ -1,3 +1,4 @@
+import type { AuthSettings } from './auth/authenticate.js';
 import { z } from 'zod';
 
 const flag = z
@@ -9,6 +10,26 @@ const positiveInt = z.coerce.number({ message: 'expected a number' }).int('expec
 const schema = z.object({
   PORT: z.coerce.number({ message: 'expected a port number' }).int().min(0).max(65535).default(4000),
   HOST: z.string().min(1).default('0.0.0.0'),
+  /**
+   * none: anonymous access (development; refused with DATABASE_URL unless set explicitly).
+   * required: a JWT or an API key on every operation. Unset: required when a JWT key is
+   * configured, none on the embedded database, else the service refuses to start.
+   */
+  ASYNCPROC_AUTH: z.enum(['none', 'required'], { message: 'expected none or required' }).optional(),
+  /** HS256 shared secret (at least 32 characters). */
+  ASYNCPROC_JWT_SECRET: z.string().min(32, 'at least 32 characters (256 bits) for HS256').optional(),
+  /** PEM public key or certificate (RS/PS/ES/EdDSA); `\n` may stand for line breaks. */
+  ASYNCPROC_JWT_PUBLIC_KEY: z.string().includes('-----BEGIN', { message: 'expected a PEM public key or certificate' }).optional(),
+  ASYNCPROC_JWKS_URL: z.string().url('expected an https:// (or http://) URL').optional(),
+  ASYNCPROC_JWT_ISSUER: z.string().min(1).optional(),
+  ASYNCPROC_JWT_AUDIENCE: z.string().min(1).optional(),
+  ASYNCPROC_JWT_ROLES_CLAIM: z.string().regex(/^[^.\s]+(\.[^.\s]+)*$/, 'expected a claim name or dotted path').default('roles'),
+  /** Mutations per second one caller may send, sustained (0: no limit). Default: 20 with auth required, no limit without. */
+  ASYNCPROC_RATE_LIMIT: z.coerce.number({ message: 'expected a number' }).min(0, 'expected 0 or more').optional(),
+  /** Mutations one caller may send at once above the sustained rate. @default 3 × the rate, at least 10 */
+  ASYNCPROC_RATE_BURST: positiveInt.optional(),
+  /** Open graphql-ws connections one caller may hold. */
+  ASYNCPROC_MAX_CONNECTIONS_PER_CALLER: positiveInt.default(20),
   DATABASE_URL: z
     .string()
     .regex(/^(postgres|postgresql|mssql|sqlserver):\/\//, 'expected postgres://…, postgresql://…, mssql://… or sqlserver://…')
@@ -38,6 +59,36 @@ const schema = z.object({
 
 export type Config = z.infer<typeof schema>;
 
+function hasJwtKey(c: Pick<Config, 'ASYNCPROC_JWT_SECRET' | 'ASYNCPROC_JWT_PUBLIC_KEY' | 'ASYNCPROC_JWKS_URL'>): boolean {
+  return Boolean(c.ASYNCPROC_JWT_SECRET || c.ASYNCPROC_JWT_PUBLIC_KEY || c.ASYNCPROC_JWKS_URL);
+}
+
+/**
+ * The authentication a configuration asks for. Without DATABASE_URL (the embedded
+ * development database) and no key, anonymous access; with DATABASE_URL, refusing to
+ * start unless ASYNCPROC_AUTH=none says so explicitly.
+ */
+export function authSettings(config: Config): AuthSettings {
+  const jwt = hasJwtKey(config)
+    ? {
+        secret: config.ASYNCPROC_JWT_SECRET,
+        publicKey: config.ASYNCPROC_JWT_PUBLIC_KEY,
+        jwksUrl: config.ASYNCPROC_JWKS_URL,
+        issuer: config.ASYNCPROC_JWT_ISSUER,
+        audience: config.ASYNCPROC_JWT_AUDIENCE,
+        rolesClaim: config.ASYNCPROC_JWT_ROLES_CLAIM,
+      }
+    : null;
+  const mode = config.ASYNCPROC_AUTH ?? (jwt ? 'required' : config.DATABASE_URL ? undefined : 'none');
+  if (!mode) {
+    throw new ConfigError(
+      'no authentication configured for DATABASE_URL: set ASYNCPROC_JWT_SECRET, ASYNCPROC_JWT_PUBLIC_KEY or ASYNCPROC_JWKS_URL ' +
+        '(JWTs), or ASYNCPROC_AUTH=required (API keys only), or ASYNCPROC_AUTH=none to allow anonymous access (not for production)',
+    );
+  }
+  return { mode, jwt };
+}
+
 export class ConfigError extends Error {
   override name = 'ConfigError';
 }
@@ -49,6 +100,14 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     .refine((c) => c.ASYNCPROC_EMBEDDED || c.DATABASE_URL, {
       path: ['DATABASE_URL'],
       message: 'required when ASYNCPROC_EMBEDDED=false (the production start runs against an existing database)',
+    })
+    .refine((c) => !(c.ASYNCPROC_JWT_PUBLIC_KEY && c.ASYNCPROC_JWKS_URL), {
+      path: ['ASYNCPROC_JWKS_URL'],
+      message: 'give ASYNCPROC_JWT_PUBLIC_KEY or ASYNCPROC_JWKS_URL, not both',
+    })
+    .refine((c) => !(c.ASYNCPROC_AUTH === 'none' && hasJwtKey(c)), {
+      path: ['ASYNCPROC_AUTH'],
+      message: 'none contradicts the JWT key configured (ASYNCPROC_JWT_SECRET / ASYNCPROC_JWT_PUBLIC_KEY / ASYNCPROC_JWKS_URL)',
     })
     .safeParse(known);
   if (!parsed.success) {

@@ -134,10 +134,15 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
   };
   await start();
   return {
-    url: `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`,
+    url: embeddedUrl(port),
     port,
     dataDir,
     stop: () => pg.stop(),
     start,
   };
+}
+
+/** Where the embedded PostgreSQL answers while the service runs (for tools beside it: `api-key`, psql). */
+export function embeddedUrl(port: number): string {
+  return `postgres://${USER}:${PASSWORD}@127.0.0.1:${port}/postgres`;
 }

@@ -3,11 +3,15 @@ import type { AddressInfo } from 'node:net';
 import { GraphQLError } from 'graphql';
 import { createGraphQLError, createYoga, maskError, type Plugin } from 'graphql-yoga';
 import { useServer } from 'graphql-ws/use/ws';
-import { WebSocketServer } from 'ws';
+import { WebSocketServer, type WebSocket } from 'ws';
+import { AuthenticationError, authorizationParam, USER_HEADER, type Authenticator } from './auth/authenticate.js';
+import type { Principal } from './auth/principal.js';
+import { useMutationRateLimit, type RateLimiter } from './auth/rateLimit.js';
 import type { CompletionHub } from './completionHub.js';
 import { EngineError, type Engine } from './engine.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
+import { createLoaders } from './schema/loaders.js';
 
 export interface ServerOptions {
   engine: Engine;
@@ -18,6 +22,12 @@ export interface ServerOptions {
   maxBodyBytes?: number;
   /** @default true */
   graphiql?: boolean;
+  /** Verifies credentials (or, with auth off, takes the caller at its word). */
+  auth: Authenticator;
+  /** Per-caller limit on mutations; none when absent. */
+  rateLimit?: RateLimiter | null;
+  /** Open graphql-ws connections one caller may hold. @default 20 */
+  maxConnectionsPerCaller?: number;
 }
 
 export interface RunningServer {
@@ -27,7 +37,22 @@ export interface RunningServer {
   close(): Promise<void>;
 }
 
-const USER_HEADER = 'x-asyncproc-user';
+/** What yoga's context factory starts from: the HTTP request, or a graphql-ws socket's verified principal. */
+interface ServerContext {
+  req?: IncomingMessage;
+  principal?: Principal;
+}
+
+function unauthenticated(error: AuthenticationError) {
+  return createGraphQLError(error.message, {
+    extensions: { code: 'UNAUTHENTICATED', http: { status: 401, headers: { 'WWW-Authenticate': 'Bearer, ApiKey' } } },
+  });
+}
+
+function headerOf(req: IncomingMessage | undefined, name: string): string | null {
+  const value = req?.headers[name];
+  return typeof value === 'string' ? value : null;
+}
 
 /** Refuse a request whose declared body is larger than the limit, before it is read. */
 function useBodyLimit(maxBytes: number): Plugin {
@@ -49,8 +74,8 @@ function useBodyLimit(maxBytes: number): Plugin {
 }
 
 export function createYogaApp(options: ServerOptions) {
-  const { engine, hub, limits, logger } = options;
-  return createYoga<{ req?: IncomingMessage }, Context>({
+  const { engine, hub, limits, logger, auth } = options;
+  return createYoga<ServerContext, Context>({
     schema,
     graphqlEndpoint: '/graphql',
     landingPage: false,
@@ -61,12 +86,19 @@ export function createYogaApp(options: ServerOptions) {
       warn: (...args) => logger.warn(args.join(' ')),
       error: (...args) => logger.error(args.map(String).join(' ')),
     },
-    context: ({ request, req }) => ({
-      engine,
-      hub,
-      limits,
-      user: request?.headers.get(USER_HEADER) ?? (req?.headers[USER_HEADER] as string | undefined) ?? null,
-    }),
+    context: async ({ request, req, principal }) => {
+      if (!principal) {
+        try {
+          principal = await auth.authenticate(
+            request?.headers.get('authorization') ?? headerOf(req, 'authorization'),
+            request?.headers.get(USER_HEADER) ?? headerOf(req, USER_HEADER),
+          );
+        } catch (error) {
+          throw error instanceof AuthenticationError ? unauthenticated(error) : error;
+        }
+      }
+      return { engine, hub, limits, principal, loaders: createLoaders(engine) };
+    },
     maskedErrors: {
       maskError(error, message, isDev) {
         const original = error instanceof GraphQLError ? error.originalError : error;
@@ -82,7 +114,7 @@ export function createYogaApp(options: ServerOptions) {
         return maskError(error, message, isDev);
       },
     },
-    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024)],
+    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024), ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : [])],
   });
 }
 
@@ -91,15 +123,60 @@ export async function startServer(options: ServerOptions & { port: number; host?
   const yoga = createYogaApp(options);
   const server = createHttpServer(yoga);
   const wss = new WebSocketServer({ server, path: yoga.graphqlEndpoint, maxPayload: options.maxBodyBytes ?? 1024 * 1024 });
-  const wsServer = useServer(
+  const { auth } = options;
+  const maxConnections = options.maxConnectionsPerCaller ?? 20;
+  /** Open graphql-ws connections by caller (auth required only: anonymous callers are one). */
+  const connections = new Map<string, number>();
+  type Extra = { request: IncomingMessage; principal?: Principal; counted?: string };
+  const wsServer = useServer<Record<string, unknown>, Extra>(
     {
       execute: (args: any) => args.rootValue.execute(args),
       subscribe: (args: any) => args.rootValue.subscribe(args),
+      // credentials are checked once, at connection_init: a bad or missing one closes the socket before any subscription
+      onConnect: async (ctx) => {
+        const { request: req, socket } = ctx.extra as Extra & { socket: WebSocket };
+        let principal: Principal;
+        try {
+          const user = ctx.connectionParams?.[USER_HEADER];
+          principal = await auth.authenticate(
+            authorizationParam(ctx.connectionParams) ?? headerOf(req, 'authorization'),
+            typeof user === 'string' ? user : headerOf(req, USER_HEADER),
+          );
+        } catch (error) {
+          if (!(error instanceof AuthenticationError)) throw error;
+          // 4401 Unauthorized: no credentials; 4403 Forbidden: credentials refused (reasons are limited to 123 bytes)
+          socket.close(error.reason === 'missing' ? 4401 : 4403, error.message.slice(0, 120));
+          return false;
+        }
+        if (auth.required && principal.subject !== null) {
+          const open = connections.get(principal.subject) ?? 0;
+          if (open >= maxConnections) {
+            socket.close(4429, `too many connections: at most ${maxConnections} per caller`);
+            return false;
+          }
+          connections.set(principal.subject, open + 1);
+          ctx.extra.counted = principal.subject;
+        }
+        ctx.extra.principal = principal;
+        return true;
+      },
+      onClose: (ctx) => {
+        const key = ctx.extra.counted;
+        if (key === undefined) return;
+        const open = (connections.get(key) ?? 1) - 1;
+        if (open > 0) connections.set(key, open);
+        else connections.delete(key);
+      },
       onSubscribe: async (ctx, _id, params) => {
+        const principal = ctx.extra.principal!;
+        if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) {
+          return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];
+        }
         const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({
           ...ctx,
           req: ctx.extra.request,
           socket: ctx.extra.socket,
+          principal,
           params,
         });
         let document;

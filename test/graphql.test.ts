@@ -238,7 +238,7 @@ describe('cancelExecution', () => {
 
 const BATCH = `id status onFailure currentStage stageCount submittedBy submittedAt finishedAt total succeeded failed cancelled
   stages { stage total waiting pending running succeeded failed cancelled }
-  executions { token procedure status stage startedAt finishedAt batch { id } }`;
+  executions { nodes { token procedure status stage startedAt finishedAt batch { id } } }`;
 
 function submitBatch(input: Record<string, unknown>, headers?: Record<string, string>) {
   return t.gql(`mutation($input: SubmitBatchInput!) { submitBatch(input: $input) { batch { ${BATCH} } } }`, { input }, headers);
@@ -265,12 +265,12 @@ describe('batches and monitoring', () => {
     assert.equal(submitted.onFailure, 'CANCEL');
     assert.equal(submitted.submittedBy, 'batch-user');
     assert.deepEqual([submitted.stageCount, submitted.currentStage, submitted.total], [2, 1, 3]);
-    assert.deepEqual(submitted.executions.map((e: any) => [e.stage, e.batch.id]), [
+    assert.deepEqual(submitted.executions.nodes.map((e: any) => [e.stage, e.batch.id]), [
       [1, submitted.id],
       [1, submitted.id],
       [2, submitted.id],
     ]);
-    assert.equal(submitted.executions[2].status, 'WAITING', 'stage 2 is held');
+    assert.equal(submitted.executions.nodes[2].status, 'WAITING', 'stage 2 is held');
 
     const query = `subscription($id: ID!) { batchCompleted(id: $id) { id status finishedAt succeeded } }`;
     const live = await collect(t.ws().iterate({ query, variables: { id: submitted.id } }));
@@ -286,8 +286,8 @@ describe('batches and monitoring', () => {
       [1, 2, 2],
       [2, 1, 1],
     ]);
-    const stageOneEnd = Math.max(...batch.executions.filter((e: any) => e.stage === 1).map((e: any) => Date.parse(e.finishedAt)));
-    assert.ok(Date.parse(batch.executions[2].startedAt) >= stageOneEnd, 'stage 2 started after stage 1 ended');
+    const stageOneEnd = Math.max(...batch.executions.nodes.filter((e: any) => e.stage === 1).map((e: any) => Date.parse(e.finishedAt)));
+    assert.ok(Date.parse(batch.executions.nodes[2].startedAt) >= stageOneEnd, 'stage 2 started after stage 1 ended');
 
     // a batch that ended before the subscription still delivers (graphql-ws and SSE)
     for (const client of [t.ws(), t.sse()]) {
@@ -300,7 +300,7 @@ describe('batches and monitoring', () => {
     const stages = [[{ procedure: 'demo.fail', arguments: { message: 'stage one' } }], [{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }]];
     const cancelled = (await submitBatch({ stages })).body.data.submitBatch.batch;
     const continued = (await submitBatch({ stages, onFailure: 'CONTINUE' })).body.data.submitBatch.batch;
-    const query = `subscription($id: ID!) { batchCompleted(id: $id) { status executions { stage status } } }`;
+    const query = `subscription($id: ID!) { batchCompleted(id: $id) { status executions { nodes { stage status } } } }`;
     const [a, b] = await Promise.all([cancelled, continued].map((batch) => collect(t.sse().iterate({ query, variables: { id: batch.id } }))));
     assert.deepEqual((a[0].data as any).batchCompleted, {
       status: 'FAILED',
@@ -340,12 +340,12 @@ describe('batches and monitoring', () => {
       stages: [[{ procedure: 'demo.sleep', arguments: { seconds: 30 } }], [{ procedure: 'demo.record', arguments: { tag: 'never-batch' } }]],
     });
     const id = body.data.submitBatch.batch.id;
-    const token = body.data.submitBatch.batch.executions[0].token;
+    const token = body.data.submitBatch.batch.executions.nodes[0].token;
     await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'RUNNING');
     const completion = collect(t.ws().iterate({ query: `subscription($id: ID!) { batchCompleted(id: $id) { status } }`, variables: { id } }));
-    const cancel = (batchId: string) => () => t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status cancelled executions { status } } } }`, { id: batchId });
+    const cancel = (batchId: string) => () => t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status cancelled executions { nodes { status } } } } }`, { id: batchId });
     const { body: cancelled } = await cancel(id)();
-    assert.deepEqual(cancelled.data.cancelBatch.batch, { status: 'CANCELLED', cancelled: 2, executions: [{ status: 'CANCELLED' }, { status: 'CANCELLED' }] });
+    assert.deepEqual(cancelled.data.cancelBatch.batch, { status: 'CANCELLED', cancelled: 2, executions: { nodes: [{ status: 'CANCELLED' }, { status: 'CANCELLED' }] } });
     assert.deepEqual((await completion).map((r) => r.data), [{ batchCompleted: { status: 'CANCELLED' } }]);
     await expectCode('ALREADY_FINISHED', cancel(id));
     await expectCode('NOT_FOUND', cancel('00000000-0000-4000-8000-000000000000'));

@@ -3,7 +3,7 @@ import assert from 'node:assert/strict';
 import { existsSync, readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { describe, it } from 'node:test';
-import { loadConfig } from '../src/config.js';
+import { authSettings, loadConfig } from '../src/config.js';
 
 const root = fileURLToPath(new URL('..', import.meta.url));
 const read = (file: string) => readFileSync(new URL(`../${file}`, import.meta.url), 'utf8');
@@ -59,5 +59,6 @@ describe('docker-compose.yml', () => {
     assert.match(env.DATABASE_URL, /^mssql:\/\//);
     const config = loadConfig({ ...env, ASYNCPROC_EMBEDDED: 'false' });
     assert.equal(config.PORT, 4000);
+    assert.equal(authSettings(config).mode, 'required', 'a service on DATABASE_URL needs an authentication configuration');
   });
 });

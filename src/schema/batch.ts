@@ -1,4 +1,6 @@
-import { BATCH_STATUSES, type Batch, type BatchStage, type RunningExecution } from '../engine.js';
+import { resolveArrayConnection } from '@pothos/plugin-relay';
+import { ownerFilter, owns, type Principal } from '../auth/principal.js';
+import { BATCH_STATUSES, EngineError, type Batch, type BatchStage, type Engine, type RunningExecution } from '../engine.js';
 import { builder } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
@@ -30,6 +32,12 @@ const BatchStageRef = builder.objectRef<BatchStage>('BatchStage').implement({
   }),
 });
 
+/** The batch, if the caller may see it: another caller's batch is as unknown as one that never was. */
+async function visibleBatch(engine: Engine, principal: Principal, id: string): Promise<Batch | null> {
+  const batch = await engine.getBatch(id);
+  return batch && owns(principal, batch.submittedBy) ? batch : null;
+}
+
 const sum = (batch: Batch, key: keyof Omit<BatchStage, 'stage'>) => batch.stages.reduce((n, s) => n + s[key], 0);
 
 export const BatchRef = builder.objectRef<Batch>('Batch').implement({
@@ -49,11 +57,15 @@ export const BatchRef = builder.objectRef<Batch>('Batch').implement({
     succeeded: t.int({ resolve: (b) => sum(b, 'succeeded') }),
     failed: t.int({ resolve: (b) => sum(b, 'failed') }),
     cancelled: t.int({ resolve: (b) => sum(b, 'cancelled') }),
-    executions: t.field({
-      type: [ExecutionRef],
-      description: 'By stage, then in submission order.',
-      resolve: (b, _args, { engine }) => engine.getBatchExecutions(b.id),
-    }),
+    executions: t.connection(
+      {
+        type: ExecutionRef,
+        description: 'By stage, then in submission order; pages of at most 100 (default 20).',
+        resolve: async (b, args, { engine }) => resolveArrayConnection({ args, defaultSize: 20, maxSize: 100 }, await engine.getBatchExecutions(b.id)),
+      },
+      { name: 'BatchExecutionConnection' },
+      { name: 'BatchExecutionEdge' },
+    ),
   }),
 });
 
@@ -62,7 +74,7 @@ builder.objectFields(ExecutionRef, (t) => ({
   batch: t.field({
     type: BatchRef,
     nullable: true,
-    resolve: (e, _args, { engine }) => (e.batchId ? engine.getBatch(e.batchId) : null),
+    resolve: (e, _args, { loaders }) => (e.batchId ? loaders.batch.load(e.batchId) : null),
   }),
 }));
 
@@ -91,7 +103,12 @@ builder.mutationFields((t) => ({
     description:
       'Every call of the batch not yet started is cancelled (it never starts); running ones are cancelled as cancelExecution does. An ended batch: ALREADY_FINISHED.',
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_root, { id }, { engine }) => guard(async () => ({ batch: await engine.cancelBatch(checkToken(String(id), 'batch id')) })),
+    resolve: (_root, { id }, { engine, principal }) =>
+      guard(async () => {
+        const batchId = checkToken(String(id), 'batch id');
+        if (!(await visibleBatch(engine, principal, batchId))) throw new EngineError('NOT_FOUND', `no batch with id ${batchId}`);
+        return { batch: await engine.cancelBatch(batchId) };
+      }),
   }),
   submitBatch: t.field({
     type: SubmitBatchPayload,
@@ -101,7 +118,7 @@ builder.mutationFields((t) => ({
       guard(async () => {
         checkCallCount(input.stages.reduce((n, stage) => n + stage.length, 0), context);
         const stages = input.stages.map((stage) => stage.map((call) => toCall(call, context)));
-        const batch = await context.engine.submitBatch(stages, { onFailure: input.onFailure ?? 'CANCEL', submittedBy: context.user });
+        const batch = await context.engine.submitBatch(stages, { onFailure: input.onFailure ?? 'CANCEL', submittedBy: context.principal.subject });
         return { batch };
       }),
   }),
@@ -120,20 +137,21 @@ builder.queryFields((t) => ({
     type: BatchRef,
     nullable: true,
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_root, { id }, { engine }) => guard(() => engine.getBatch(checkToken(String(id), 'batch id'))),
+    description: "null for an unknown id, and for another caller's batch (plain callers see only their own).",
+    resolve: (_root, { id }, { engine, principal }) => guard(() => visibleBatch(engine, principal, checkToken(String(id), 'batch id'))),
   }),
   running: t.field({
     type: [RunningExecutionRef],
-    description: 'What runs now, longest-running first, with the worker or session that runs it.',
+    description: "What runs now, longest-running first, with the worker or session that runs it (a plain caller's own only).",
     args: {
       queue: t.arg.string({ required: false }),
       first: t.arg.int({ required: false, defaultValue: 100, description: '1–1000.' }),
     },
-    resolve: (_root, { queue, first }, { engine }) =>
+    resolve: (_root, { queue, first }, { engine, principal }) =>
       guard(async () => {
         const limit = first ?? 100;
         if (limit < 1 || limit > 1000) throw userError('BAD_USER_INPUT', 'first must be between 1 and 1000');
-        return engine.listRunning(queue ?? null, limit);
+        return engine.listRunning(queue ?? null, limit, ownerFilter(principal));
       }),
   }),
 }));
@@ -143,7 +161,8 @@ builder.subscriptionFields((t) => ({
     type: BatchRef,
     description: 'One event when the batch ends (also if it ended before you subscribed), then the stream ends.',
     args: { id: t.arg.id({ required: true }) },
-    subscribe: (_root, { id }, { hub }) => guard(() => hub.batchCompleted(checkToken(String(id), 'batch id'))),
+    subscribe: (_root, { id }, { hub, principal }) =>
+      guard(() => hub.batchCompleted(checkToken(String(id), 'batch id'), (batch) => owns(principal, batch.submittedBy))),
     resolve: (batch) => batch,
   }),
 }));

@@ -1,8 +1,10 @@
 import SchemaBuilder from '@pothos/core';
 import RelayPlugin from '@pothos/plugin-relay';
 import { DateTimeResolver, JSONResolver } from 'graphql-scalars';
+import type { Principal } from '../auth/principal.js';
 import type { CompletionHub } from '../completionHub.js';
 import type { Engine } from '../engine.js';
+import type { Loaders } from './loaders.js';
 
 export interface Limits {
   /** Calls one mutation may submit. @default 1000 */
@@ -15,8 +17,10 @@ export interface Context {
   engine: Engine;
   hub: CompletionHub;
   limits: Limits;
-  /** Who is asking (the `x-asyncproc-user` header), recorded as `submittedBy`. */
-  user: string | null;
+  /** Who is asking, verified (or, with auth off, as the caller says); its subject is recorded as `submittedBy`. */
+  principal: Principal;
+  /** Per-request batching of the reads resolvers make per row. */
+  loaders: Loaders;
 }
 
 export const builder = new SchemaBuilder<{
@@ -29,7 +33,8 @@ export const builder = new SchemaBuilder<{
 }>({
   plugins: [RelayPlugin],
   defaultFieldNullability: false,
-  relay: { nodeQueryOptions: false, nodesQueryOptions: false },
+  // `nodes` beside `edges`: a page's rows without the edge wrapper
+  relay: { nodeQueryOptions: false, nodesQueryOptions: false, nodesOnConnection: {} },
 });
 
 builder.addScalarType('JSON', JSONResolver);

@@ -1,3 +1,4 @@
+import { ownerFilter, owns } from '../auth/principal.js';
 import { formatSnapshot } from '../changeCursor.js';
 import {
   EXECUTION_STATUSES,
@@ -8,7 +9,7 @@ import {
   type ExecutionFilter,
   type ExecutionResult,
 } from '../engine.js';
-import { builder } from './builder.js';
+import { builder, type Context } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 
 export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
@@ -107,7 +108,7 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     history: t.field({
       type: [AttemptRef],
       description: 'Every attempt, oldest first: when it ran, who ran it, how it ended.',
-      resolve: async (e, _args, { engine }) => (await engine.getHistory([e.id])).get(e.id) ?? [],
+      resolve: (e, _args, { loaders }) => loaders.history.load(e.id),
     }),
   }),
 });
@@ -129,11 +130,16 @@ export const ExecutionFilterInput = builder.inputType('ExecutionFilter', {
   }),
 });
 
-export function toFilter(input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null } | null | undefined): ExecutionFilter {
+/** The filter a caller asked for, narrowed to its own executions unless it sees everything. */
+export function toFilter(
+  input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null } | null | undefined,
+  context: Context,
+): ExecutionFilter {
   return {
     status: (input?.status as ExecutionFilter['status']) ?? null,
     procedure: input?.procedure ?? null,
     queue: input?.queue ?? null,
+    submittedBy: ownerFilter(context.principal),
   };
 }
 
@@ -153,19 +159,25 @@ builder.queryFields((t) => ({
     type: ExecutionRef,
     nullable: true,
     args: { token: t.arg.id({ required: true }) },
-    resolve: (_root, { token }, { engine }) => guard(() => engine.getExecution(checkToken(String(token)))),
+    description: "null for an unknown token, and for another caller's execution (plain callers see only their own).",
+    resolve: (_root, { token }, { engine, principal }) =>
+      guard(async () => {
+        const execution = await engine.getExecution(checkToken(String(token)));
+        return execution && owns(principal, execution.submittedBy) ? execution : null;
+      }),
   }),
   executions: t.connection(
     {
       type: ExecutionRef,
-      description: 'Executions, newest first.',
+      description: 'Executions, newest first: all of them for admins and operators, a plain caller\'s own otherwise.',
       args: { filter: t.arg({ type: ExecutionFilterInput, required: false }) },
-      resolve: (_root, args, { engine }) =>
+      resolve: (_root, args, context) =>
         guard(async () => {
+          const { engine } = context;
           for (const n of [args.first, args.last]) {
             if (n != null && (n < 0 || n > 500)) throw userError('BAD_USER_INPUT', 'first/last must be between 0 and 500');
           }
-          const filter = toFilter(args.filter);
+          const filter = toFilter(args.filter, context);
           const page = await engine.listExecutions(filter, {
             first: args.first,
             last: args.last,

@@ -5,6 +5,7 @@ import './procedure.js';
 import './invoke.js';
 import './subscription.js';
 import './batch.js';
+import './apiKeys.js';
 
 export type { Context, Limits } from './builder.js';
 

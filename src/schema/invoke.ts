@@ -1,4 +1,5 @@
-import type { Execution, InvokeCall } from '../engine.js';
+import { callerRoles, owns } from '../auth/principal.js';
+import { EngineError, type Execution, type InvokeCall } from '../engine.js';
 import { builder, type Context } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
@@ -41,7 +42,8 @@ export function toCall(input: InvokeInputShape, context: Context): InvokeCall {
     queue: input.queue ?? null,
     runAt: input.runAt ?? null,
     maxAttempts: input.maxAttempts ?? null,
-    submittedBy: context.user,
+    submittedBy: context.principal.subject,
+    callerRoles: callerRoles(context.principal),
   };
 }
 
@@ -97,7 +99,13 @@ builder.mutationFields((t) => ({
     description:
       'WAITING/PENDING: cancelled, it never starts. RUNNING: its statement is cancelled in the database and its writes roll back. Finished: ALREADY_FINISHED.',
     args: { token: t.arg.id({ required: true }) },
-    resolve: (_root, { token }, { engine }) =>
-      guard(async () => ({ execution: await engine.cancelExecution(checkToken(String(token))) })),
+    resolve: (_root, { token }, { engine, principal }) =>
+      guard(async () => {
+        const id = checkToken(String(token));
+        const execution = await engine.getExecution(id);
+        // another caller's execution is refused as an unknown one is: its existence does not leak
+        if (!execution || !owns(principal, execution.submittedBy)) throw new EngineError('NOT_FOUND', `no execution with token ${id}`);
+        return { execution: await engine.cancelExecution(id) };
+      }),
   }),
 }));

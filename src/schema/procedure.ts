@@ -1,6 +1,7 @@
+import { checkRoles } from '../auth/apiKeys.js';
 import type { OutcomeCounts, Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
 import { builder } from './builder.js';
-import { guard, userError } from './errors.js';
+import { guard, requireAdmin, userError } from './errors.js';
 
 const ParameterModeEnum = builder.enumType('ParameterMode', { values: ['IN', 'OUT', 'INOUT'] as const });
 
@@ -22,7 +23,25 @@ const ProcedureRef = builder.objectRef<Procedure>('Procedure').implement({
     queue: t.exposeString('queue', { description: 'Queue used when the call names none.' }),
     maxAttempts: t.exposeInt('maxAttempts'),
     timeoutMs: t.exposeInt('timeoutMs', { nullable: true }),
+    roles: t.exposeStringList('roles', { description: 'Roles that may invoke it (any one, or admin); empty: any authenticated caller.' }),
   }),
+});
+
+const RegisterProcedureInput = builder.inputType('RegisterProcedureInput', {
+  fields: (t) => ({
+    name: t.string({
+      required: true,
+      description: 'The routine: an unambiguous schema-qualified name (`demo.add`) or its signature (`demo.add(integer, integer)`).',
+    }),
+    queue: t.string({ required: false, description: 'Queue used when a call names none. @default "default"' }),
+    maxAttempts: t.int({ required: false, description: '1–100. @default 1' }),
+    timeoutMs: t.int({ required: false, description: 'A run longer than this is cancelled and fails.' }),
+    roles: t.stringList({ required: false, description: 'Roles that may invoke it; empty or absent: any authenticated caller.' }),
+  }),
+});
+
+const ProcedurePayload = builder.objectRef<{ procedure: Procedure }>('ProcedurePayload').implement({
+  fields: (t) => ({ procedure: t.field({ type: ProcedureRef, resolve: (p) => p.procedure }) }),
 });
 
 const OutcomeCountsRef = builder.objectRef<OutcomeCounts>('OutcomeCounts').implement({
@@ -67,7 +86,37 @@ builder.mutationFields((t) => ({
     type: ConfigureQueuePayload,
     description: 'Create a named queue or change its concurrency limit.',
     args: { input: t.arg({ type: ConfigureQueueInput, required: true }) },
-    resolve: (_root, { input }, { engine }) => guard(async () => ({ queue: await engine.configureQueue(input.name, input.concurrency) })),
+    resolve: (_root, { input }, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'configureQueue');
+        return { queue: await engine.configureQueue(input.name, input.concurrency) };
+      }),
+  }),
+  registerProcedure: t.field({
+    type: ProcedurePayload,
+    description: 'Make a routine invocable (or change its registration), with the checks of asyncproc.register. Admins only.',
+    args: { input: t.arg({ type: RegisterProcedureInput, required: true }) },
+    resolve: (_root, { input }, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'registerProcedure');
+        const procedure = await engine.registerProcedure(input.name, {
+          queue: input.queue ?? undefined,
+          maxAttempts: input.maxAttempts ?? undefined,
+          timeoutMs: input.timeoutMs ?? null,
+          roles: checkRoles(input.roles ?? []),
+        });
+        return { procedure };
+      }),
+  }),
+  unregisterProcedure: t.field({
+    type: ProcedurePayload,
+    description: 'Stop accepting calls of a procedure (the routine stays; calls already submitted still run). Admins only.',
+    args: { name: t.arg.string({ required: true }) },
+    resolve: (_root, { name }, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'unregisterProcedure');
+        return { procedure: await engine.unregisterProcedure(name) };
+      }),
   }),
 }));
 

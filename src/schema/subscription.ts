@@ -1,3 +1,4 @@
+import { owns } from '../auth/principal.js';
 import { builder } from './builder.js';
 import { checkToken, guard, toGraphQLError } from './errors.js';
 import { ExecutionEventRef, ExecutionFilterInput, ExecutionRef, toFilter } from './execution.js';
@@ -7,7 +8,9 @@ builder.subscriptionFields((t) => ({
     type: ExecutionRef,
     description: 'One event when the execution finishes (also if it finished before you subscribed), then the stream ends.',
     args: { token: t.arg.id({ required: true }) },
-    subscribe: (_root, { token }, { hub }) => guard(() => hub.completed(checkToken(String(token)))),
+    subscribe: (_root, { token }, { hub, principal }) =>
+      // another caller's token answers as an unknown one does
+      guard(() => hub.completed(checkToken(String(token)), (execution) => owns(principal, execution.submittedBy))),
     resolve: (execution) => execution,
   }),
   executionEvents: t.field({
@@ -18,9 +21,9 @@ builder.subscriptionFields((t) => ({
       filter: t.arg({ type: ExecutionFilterInput, required: false }),
       after: t.arg.string({ required: false }),
     },
-    subscribe: (_root, { filter, after }, { hub }) => {
+    subscribe: (_root, { filter, after }, context) => {
       try {
-        return hub.events(toFilter(filter), after ?? null);
+        return context.hub.events(toFilter(filter, context), after ?? null);
       } catch (error) {
         throw toGraphQLError(error);
       }

@@ -10,14 +10,18 @@ export interface TestApp {
   url: string;
   /** POST a GraphQL operation over real HTTP. */
   gql<T = any>(query: string, variables?: Record<string, unknown>, headers?: Record<string, string>): Promise<{ status: number; body: { data?: T; errors?: any[] } }>;
-  ws(): WsClient;
-  sse(): SseClient<false>;
+  /** A graphql-ws client; `connectionParams` carry credentials (`{ Authorization: 'Bearer …' }`). */
+  ws(connectionParams?: Record<string, unknown>): WsClient;
+  /** A graphql-sse client; `headers` carry credentials. */
+  sse(headers?: Record<string, string>): SseClient<false>;
   stop(): Promise<void>;
 }
 
 /** The real service (HTTP + graphql-ws + SSE) on a free port, against `databaseUrl`. */
 export async function startTestApp(databaseUrl: string, env: Record<string, string> = {}): Promise<TestApp> {
-  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', ASYNCPROC_DEMO: 'true', ...env });
+  // anonymous access unless the test configures authentication
+  const auth = Object.keys(env).some((key) => key === 'ASYNCPROC_AUTH' || key.startsWith('ASYNCPROC_JWT') || key === 'ASYNCPROC_JWKS_URL') ? {} : { ASYNCPROC_AUTH: 'none' };
+  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', ASYNCPROC_DEMO: 'true', ...auth, ...env });
   const app = await startApp(config, silentLogger);
   const url = app.server!.url;
   const clients: { dispose(): void | Promise<void> }[] = [];
@@ -32,13 +36,13 @@ export async function startTestApp(databaseUrl: string, env: Record<string, stri
       });
       return { status: response.status, body: await response.json() };
     },
-    ws() {
-      const client = createWsClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0 });
+    ws(connectionParams) {
+      const client = createWsClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0, connectionParams });
       clients.push(client);
       return client;
     },
-    sse() {
-      const client = createSseClient({ url, retryAttempts: 0 });
+    sse(headers) {
+      const client = createSseClient({ url, retryAttempts: 0, headers });
       clients.push(client);
       return client;
     },

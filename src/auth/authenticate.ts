@@ -1,0 +1,86 @@
+import type { Engine } from '../engine.js';
+import type { Logger } from '../logger.js';
+import { hashApiKey, isApiKeySecret } from './apiKeys.js';
+import { JwtVerifier, TokenError, type JwtSettings } from './jwt.js';
+import { anonymous, type Principal } from './principal.js';
+
+export interface AuthSettings {
+  /** none: anonymous access, `x-asyncproc-user` honoured (development). required: JWT or API key on every operation. */
+  mode: 'none' | 'required';
+  jwt: JwtSettings | null;
+}
+
+/** The header a caller may use to say who it is, honoured only when auth is off. */
+export const USER_HEADER = 'x-asyncproc-user';
+
+/** No credentials (`missing`) or credentials refused (`invalid`): HTTP 401; graphql-ws closes 4401 / 4403. */
+export class AuthenticationError extends Error {
+  override name = 'AuthenticationError';
+  constructor(
+    readonly reason: 'missing' | 'invalid',
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+/**
+ * Turns what a request carries into a Principal: `Authorization: Bearer <JWT>`,
+ * `Authorization: ApiKey <secret>` (or `Bearer apk_…`, which no JWT can be).
+ * The same credentials arrive as HTTP headers (queries, mutations, SSE) and as
+ * graphql-ws `connectionParams` (`{ Authorization: "Bearer …" }` or `{ token: "…" }`).
+ */
+export class Authenticator {
+  private readonly jwt: JwtVerifier | null;
+
+  constructor(
+    readonly settings: AuthSettings,
+    private readonly engine: Engine,
+    private readonly logger: Logger,
+  ) {
+    this.jwt = settings.jwt ? new JwtVerifier(settings.jwt) : null;
+  }
+
+  get required(): boolean {
+    return this.settings.mode === 'required';
+  }
+
+  /** `authorization`: the header's value (or connectionParams'); `user`: the x-asyncproc-user header. */
+  async authenticate(authorization: string | null | undefined, user: string | null | undefined): Promise<Principal> {
+    if (!this.required) return anonymous(typeof user === 'string' && user !== '' ? user.slice(0, 256) : null);
+    if (!authorization) {
+      throw new AuthenticationError('missing', 'authentication required: send Authorization: Bearer <JWT> or Authorization: ApiKey <key>');
+    }
+    const match = /^(Bearer|ApiKey)\s+(\S+)\s*$/i.exec(authorization);
+    if (!match) throw new AuthenticationError('invalid', 'malformed Authorization header: expected "Bearer <JWT>" or "ApiKey <key>"');
+    const [, scheme, credential] = match;
+    if (scheme.toLowerCase() === 'apikey' || isApiKeySecret(credential)) return this.apiKey(credential);
+    if (!this.jwt) throw new AuthenticationError('invalid', 'JWTs are not accepted here (no JWT key configured): use an API key');
+    try {
+      const token = await this.jwt.verify(credential);
+      return { subject: token.subject, roles: token.roles, via: 'jwt', expiresAt: token.expiresAt };
+    } catch (error) {
+      if (error instanceof TokenError) throw new AuthenticationError('invalid', error.message);
+      throw error;
+    }
+  }
+
+  private async apiKey(secret: string): Promise<Principal> {
+    const key = isApiKeySecret(secret) ? await this.engine.findApiKey(hashApiKey(secret)) : null;
+    if (!key) {
+      this.logger.debug('refused an unknown or revoked API key');
+      throw new AuthenticationError('invalid', 'unknown or revoked API key');
+    }
+    return { subject: `apikey:${key.name}`, roles: key.roles, via: 'apiKey', expiresAt: null };
+  }
+}
+
+/** The credential graphql-ws clients send in connectionParams: `Authorization` (any case) or `token`. */
+export function authorizationParam(params: Readonly<Record<string, unknown>> | undefined): string | null {
+  if (!params) return null;
+  for (const [key, value] of Object.entries(params)) {
+    if (key.toLowerCase() === 'authorization' && typeof value === 'string') return value;
+  }
+  if (typeof params.token === 'string' && params.token !== '') return `Bearer ${params.token}`;
+  return null;
+}

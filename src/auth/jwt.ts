@@ -1,0 +1,109 @@
+import { createPublicKey, type KeyObject } from 'node:crypto';
+import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type JWSAlgorithm } from 'jose';
+import { ROLE_NAME } from '../engine.js';
+
+export interface JwtSettings {
+  /** HS256/384/512 shared secret. */
+  secret?: string;
+  /** PEM public key (SPKI, PKCS#1) or certificate for RS/PS/ES/EdDSA tokens. */
+  publicKey?: string;
+  /** JWKS URL for RS/PS/ES/EdDSA tokens (keys fetched and cached by jose). */
+  jwksUrl?: string;
+  issuer?: string;
+  audience?: string;
+  /** Claim holding the roles; a dotted path reaches into objects (`realm_access.roles`). */
+  rolesClaim: string;
+}
+
+export interface VerifiedToken {
+  subject: string;
+  roles: string[];
+  expiresAt: Date | null;
+}
+
+/** Why a token was refused, in words safe to give the caller. */
+export class TokenError extends Error {
+  override name = 'TokenError';
+}
+
+const HMAC: JWSAlgorithm[] = ['HS256', 'HS384', 'HS512'];
+const ASYMMETRIC: JWSAlgorithm[] = ['RS256', 'RS384', 'RS512', 'PS256', 'PS384', 'PS512', 'ES256', 'ES384', 'ES512', 'EdDSA', 'Ed25519'];
+
+/** The roles a claim value carries: an array of names, or one string of names separated by spaces or commas. */
+export function rolesFrom(payload: JWTPayload, claim: string): string[] {
+  let value: unknown = payload;
+  for (const part of claim.split('.')) value = value !== null && typeof value === 'object' ? (value as Record<string, unknown>)[part] : undefined;
+  const names = Array.isArray(value) ? value : typeof value === 'string' ? value.split(/[\s,]+/) : [];
+  return [...new Set(names.filter((name): name is string => typeof name === 'string' && ROLE_NAME.test(name)))];
+}
+
+/**
+ * Verifies JWTs by the configured key: a shared secret for HS*, a public key or a JWKS
+ * for the asymmetric algorithms. `alg: none` and algorithms without a configured key
+ * are refused; issuer and audience are checked when configured; expired tokens refused.
+ */
+export class JwtVerifier {
+  private readonly secret?: Uint8Array;
+  private readonly publicKey?: KeyObject;
+  private readonly jwks?: JWTVerifyGetKey;
+
+  constructor(private readonly settings: JwtSettings) {
+    if (settings.secret) this.secret = new TextEncoder().encode(settings.secret);
+    if (settings.publicKey) this.publicKey = createPublicKey(settings.publicKey.replace(/\\n/g, '\n'));
+    if (settings.jwksUrl) this.jwks = createRemoteJWKSet(new URL(settings.jwksUrl), { cacheMaxAge: 10 * 60_000, cooldownDuration: 30_000 });
+  }
+
+  async verify(token: string): Promise<VerifiedToken> {
+    const options = {
+      issuer: this.settings.issuer,
+      audience: this.settings.audience,
+      clockTolerance: 5,
+    };
+    let payload: JWTPayload;
+    try {
+      const alg = algorithmOf(token);
+      if (HMAC.includes(alg)) {
+        if (!this.secret) throw new TokenError(`${alg} tokens are not accepted (no ASYNCPROC_JWT_SECRET)`);
+        ({ payload } = await jwtVerify(token, this.secret, { ...options, algorithms: HMAC }));
+      } else if (ASYMMETRIC.includes(alg)) {
+        if (this.publicKey) ({ payload } = await jwtVerify(token, this.publicKey, { ...options, algorithms: ASYMMETRIC }));
+        else if (this.jwks) ({ payload } = await jwtVerify(token, this.jwks, { ...options, algorithms: ASYMMETRIC }));
+        else throw new TokenError(`${alg} tokens are not accepted (no ASYNCPROC_JWT_PUBLIC_KEY or ASYNCPROC_JWKS_URL)`);
+      } else {
+        throw new TokenError(`tokens signed with "${alg}" are not accepted`);
+      }
+    } catch (error) {
+      throw toTokenError(error);
+    }
+    if (typeof payload.sub !== 'string' || payload.sub === '' || payload.sub.length > 256 || /[\u0000-\u001f]/.test(payload.sub)) {
+      throw new TokenError('the token has no usable "sub" claim (the caller\'s identity)');
+    }
+    return {
+      subject: payload.sub,
+      roles: rolesFrom(payload, this.settings.rolesClaim),
+      expiresAt: typeof payload.exp === 'number' ? new Date(payload.exp * 1000) : null,
+    };
+  }
+}
+
+function algorithmOf(token: string): JWSAlgorithm {
+  const header = token.split('.')[0] ?? '';
+  try {
+    const alg = (JSON.parse(Buffer.from(header, 'base64url').toString('utf8')) as { alg?: unknown }).alg;
+    if (typeof alg === 'string') return alg as JWSAlgorithm;
+  } catch {
+    // reported below
+  }
+  throw new TokenError('malformed token');
+}
+
+function toTokenError(error: unknown): TokenError {
+  if (error instanceof TokenError) return error;
+  if (error instanceof errors.JWTExpired) return new TokenError('the token has expired');
+  if (error instanceof errors.JWTClaimValidationFailed) return new TokenError(`the token was refused: ${error.message}`);
+  if (error instanceof errors.JWKSNoMatchingKey) return new TokenError('no key of the key set matches the token');
+  if (error instanceof errors.JWKSTimeout || !(error instanceof errors.JOSEError)) {
+    return new TokenError('the token could not be verified (key set unavailable)');
+  }
+  return new TokenError('the token signature or format is invalid');
+}

@@ -1,0 +1,72 @@
+import { createApiKey } from '../auth/apiKeys.js';
+import type { ApiKey } from '../engine.js';
+import { builder } from './builder.js';
+import { checkToken, guard, requireAdmin } from './errors.js';
+
+const ApiKeyRef = builder.objectRef<ApiKey>('ApiKey').implement({
+  description: 'A key a backend service sends as `Authorization: ApiKey <secret>`. Only a hash of the secret is stored.',
+  fields: (t) => ({
+    id: t.exposeID('id'),
+    name: t.exposeString('name'),
+    roles: t.exposeStringList('roles'),
+    prefix: t.exposeString('prefix', { description: 'The first characters of the secret, to tell keys apart.' }),
+    subject: t.string({ description: 'Who its calls are recorded as (`submittedBy`).', resolve: (k) => `apikey:${k.name}` }),
+    createdAt: t.expose('createdAt', { type: 'DateTime' }),
+    createdBy: t.exposeString('createdBy', { nullable: true }),
+    lastUsedAt: t.expose('lastUsedAt', { type: 'DateTime', nullable: true, description: 'Updated at most once a minute.' }),
+    revokedAt: t.expose('revokedAt', { type: 'DateTime', nullable: true }),
+  }),
+});
+
+const CreateApiKeyInput = builder.inputType('CreateApiKeyInput', {
+  fields: (t) => ({
+    name: t.string({ required: true, description: '1–128 characters, unique among keys not revoked.' }),
+    roles: t.stringList({ required: false, description: 'e.g. ["operator"]; none: a plain caller.' }),
+  }),
+});
+
+const CreateApiKeyPayload = builder.objectRef<{ key: ApiKey; secret: string }>('CreateApiKeyPayload').implement({
+  fields: (t) => ({
+    apiKey: t.field({ type: ApiKeyRef, resolve: (p) => p.key }),
+    secret: t.exposeString('secret', { description: 'Shown this once: it cannot be read again.' }),
+  }),
+});
+
+const RevokeApiKeyPayload = builder.objectRef<{ key: ApiKey }>('RevokeApiKeyPayload').implement({
+  fields: (t) => ({ apiKey: t.field({ type: ApiKeyRef, resolve: (p) => p.key }) }),
+});
+
+builder.queryFields((t) => ({
+  apiKeys: t.field({
+    type: [ApiKeyRef],
+    description: 'Every API key, revoked ones too, newest first. Admins only.',
+    resolve: (_root, _args, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'apiKeys');
+        return engine.listApiKeys();
+      }),
+  }),
+}));
+
+builder.mutationFields((t) => ({
+  createApiKey: t.field({
+    type: CreateApiKeyPayload,
+    description: 'Create an API key; its secret is in the answer, once. Admins only.',
+    args: { input: t.arg({ type: CreateApiKeyInput, required: true }) },
+    resolve: (_root, { input }, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'createApiKey');
+        return createApiKey(engine, { name: input.name, roles: input.roles ?? [], createdBy: principal.subject });
+      }),
+  }),
+  revokeApiKey: t.field({
+    type: RevokeApiKeyPayload,
+    description: 'Revoke an API key: it stops working at once. Admins only.',
+    args: { id: t.arg.id({ required: true }) },
+    resolve: (_root, { id }, { engine, principal }) =>
+      guard(async () => {
+        requireAdmin(principal, 'revokeApiKey');
+        return { key: await engine.revokeApiKey(checkToken(String(id), 'API key id')) };
+      }),
+  }),
+}));

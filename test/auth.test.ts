@@ -1,0 +1,458 @@
+/**
+ * Identity and access, end to end: real signed JWTs (HS256 secret, an ES256 key served
+ * as a JWKS), real API keys, over real HTTP, SSE and graphql-ws, against a real PostgreSQL.
+ * A plain caller must not see, subscribe to or cancel another caller's work, nor tell
+ * that it exists; roles gate the admin mutations and each procedure's calls.
+ */
+import assert from 'node:assert/strict';
+import { createServer, type Server } from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { exportJWK, exportSPKI, generateKeyPair, SignJWT, type JWTPayload } from 'jose';
+import WebSocket from 'ws';
+import { startApp } from '../src/app.js';
+import { authSettings, ConfigError, loadConfig } from '../src/config.js';
+import { JwtVerifier } from '../src/auth/jwt.js';
+import { silentLogger } from '../src/logger.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+import { sleep, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const SECRET = 'a-test-secret-of-at-least-thirty-two-characters';
+const ISSUER = 'https://issuer.test';
+const AUDIENCE = 'asyncproc-test';
+
+let cluster: TestCluster;
+let t: TestApp;
+
+/** A token as the configured issuer would sign it; `claims` override the defaults. */
+function token(sub: string | undefined, roles: string[] = [], claims: JWTPayload & { expiresIn?: string } = {}, secret = SECRET) {
+  const { expiresIn = '10m', ...rest } = claims;
+  const jwt = new SignJWT({ roles, iss: ISSUER, aud: AUDIENCE, ...rest }).setProtectedHeader({ alg: 'HS256' }).setIssuedAt();
+  if (sub !== undefined) jwt.setSubject(sub);
+  return jwt.setExpirationTime(expiresIn).sign(new TextEncoder().encode(secret));
+}
+const bearer = async (sub: string, roles: string[] = []) => ({ authorization: `Bearer ${await token(sub, roles)}` });
+
+let alice: Record<string, string>;
+let bob: Record<string, string>;
+let operator: Record<string, string>;
+let admin: Record<string, string>;
+
+before(async () => {
+  cluster = await startTestCluster();
+  t = await startTestApp(await cluster.createDatabase(), {
+    ASYNCPROC_JWT_SECRET: SECRET,
+    ASYNCPROC_JWT_ISSUER: ISSUER,
+    ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
+    ASYNCPROC_RATE_LIMIT: '1000',
+    ASYNCPROC_MAX_CONNECTIONS_PER_CALLER: '3',
+  });
+  alice = await bearer('alice');
+  bob = await bearer('bob');
+  operator = await bearer('olga', ['operator']);
+  admin = await bearer('ada', ['admin']);
+});
+after(async () => {
+  await t?.stop();
+  await cluster?.stop();
+});
+
+const EXECUTION = 'token status submittedBy';
+
+async function invoke(headers: Record<string, string>, procedure = 'demo.add', args: Record<string, unknown> = { a: 1, b: 2 }) {
+  const { status, body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { ${EXECUTION} } } }`, { i: { procedure, arguments: args } }, headers);
+  assert.equal(status, 200, JSON.stringify(body));
+  assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+  return body.data.invoke.execution as { token: string; status: string; submittedBy: string };
+}
+
+/** Every execution in the database, seen by an admin. */
+async function allTokens(): Promise<string[]> {
+  const { body } = await t.gql(`{ executions(first: 500) { nodes { token } } }`, {}, admin);
+  return body.data.executions.nodes.map((n: { token: string }) => n.token);
+}
+
+/** The answer's only error, with its code; and nothing was enqueued meanwhile. */
+async function refused(run: () => Promise<{ status: number; body: any }>, code: string, status = 200) {
+  const before = (await allTokens()).length;
+  const { status: httpStatus, body } = await run();
+  assert.equal(httpStatus, status, JSON.stringify(body));
+  assert.equal(body.errors?.[0]?.extensions?.code, code, JSON.stringify(body));
+  assert.equal((await allTokens()).length, before, 'nothing enqueued');
+  return body.errors[0] as { message: string; extensions: Record<string, unknown> };
+}
+
+/** Open a raw graphql-transport-ws socket, send connection_init, and report how it ends. */
+function wsInit(payload: Record<string, unknown> | undefined): Promise<{ ack: boolean; code?: number; reason?: string }> {
+  return new Promise((resolve, reject) => {
+    const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+    socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload })));
+    socket.on('message', (data) => {
+      if (JSON.parse(String(data)).type === 'connection_ack') {
+        resolve({ ack: true });
+        socket.close();
+      }
+    });
+    socket.on('close', (code, reason) => resolve({ ack: false, code, reason: String(reason) }));
+    socket.on('error', reject);
+  });
+}
+
+describe('authentication', () => {
+  it('refuses an anonymous request with 401 UNAUTHENTICATED and runs nothing', async () => {
+    const error = await refused(() => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`), 'UNAUTHENTICATED', 401);
+    assert.match(error.message, /Authorization/);
+    const response = await fetch(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{"query":"{ procedures { name } }"}' });
+    assert.equal(response.status, 401);
+    assert.match(response.headers.get('www-authenticate') ?? '', /Bearer/);
+  });
+
+  it('refuses forged, expired, wrong-audience, wrong-issuer, unsigned and subject-less tokens', async () => {
+    const unsigned = `${Buffer.from('{"alg":"none"}').toString('base64url')}.${Buffer.from(JSON.stringify({ sub: 'eve', aud: AUDIENCE, iss: ISSUER, roles: ['admin'] })).toString('base64url')}.`;
+    const cases: [string, string, RegExp][] = [
+      ['forged', await token('eve', ['admin'], {}, 'another-secret-of-at-least-thirty-two-chars'), /signature/],
+      ['expired', await token('alice', [], { expiresIn: '-1m' }), /expired/],
+      ['wrong audience', await token('alice', [], { aud: 'someone-else' }), /aud/],
+      ['wrong issuer', await token('alice', [], { iss: 'https://evil.test' }), /iss/],
+      ['alg none', unsigned, /none/],
+      ['no subject', await token(undefined), /sub/],
+      ['garbage', 'not-a-token', /malformed/],
+    ];
+    for (const [what, jwt, message] of cases) {
+      const error = await refused(() => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`, {}, { authorization: `Bearer ${jwt}` }), 'UNAUTHENTICATED', 401);
+      assert.match(error.message, message, what);
+    }
+  });
+
+  it('records the verified subject as submittedBy, never the x-asyncproc-user header', async () => {
+    const execution = await invoke({ ...alice, 'x-asyncproc-user': 'bob' });
+    assert.equal(execution.submittedBy, 'alice');
+  });
+
+  it('graphql-ws: no credentials close 4401, bad ones 4403, before any subscription; good ones are acknowledged', async () => {
+    const missing = await wsInit(undefined);
+    assert.equal(missing.code, 4401);
+    assert.match(missing.reason ?? '', /authentication required/);
+    const forged = await wsInit({ Authorization: `Bearer ${await token('eve', ['admin'], {}, 'another-secret-of-at-least-thirty-two-chars')}` });
+    assert.equal(forged.code, 4403);
+    assert.equal((await wsInit({ Authorization: alice.authorization })).ack, true);
+    assert.equal((await wsInit({ token: alice.authorization.slice('Bearer '.length) })).ack, true, 'the bare token form');
+  });
+
+  it('SSE: refused without credentials; with them the event arrives', async () => {
+    const denied = await fetch(t.url, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+      body: JSON.stringify({ query: 'subscription { executionEvents { status } }' }),
+    });
+    assert.equal(denied.status, 401);
+    await denied.body?.cancel();
+    const execution = await invoke(alice, 'demo.sleep', { seconds: 0.2 });
+    const events = t.sse(alice).iterate<{ executionCompleted: { status: string } }>({
+      query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`,
+      variables: { t: execution.token },
+    });
+    const [event] = await collect(events, 1);
+    assert.equal(event.data?.executionCompleted.status, 'SUCCEEDED');
+  });
+
+  it('a socket whose token expires can make no new subscription', async () => {
+    const shortLived = await token('alice', [], { expiresIn: '2s' });
+    const client = t.ws({ Authorization: `Bearer ${shortLived}` });
+    const first = await collect(client.iterate({ query: '{ __typename }' }), 1);
+    assert.equal((first[0].data as any)?.__typename, 'Query');
+    await sleep(2_600);
+    await assert.rejects(collect(client.iterate({ query: '{ __typename }' }), 1), (error: any) => {
+      assert.equal(error[0]?.extensions?.code ?? error?.extensions?.code, 'UNAUTHENTICATED', JSON.stringify(error));
+      return true;
+    });
+  });
+
+  it('limits the graphql-ws connections one caller holds (4429), not other callers', async () => {
+    const sockets: WebSocket[] = [];
+    const open = (headers: Record<string, string>) =>
+      new Promise<{ ack: boolean; code?: number }>((resolve) => {
+        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+        sockets.push(socket);
+        socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload: { Authorization: headers.authorization } })));
+        socket.on('message', (data) => JSON.parse(String(data)).type === 'connection_ack' && resolve({ ack: true }));
+        socket.on('close', (code) => resolve({ ack: false, code }));
+      });
+    try {
+      for (let i = 0; i < 3; i++) assert.equal((await open(bob)).ack, true);
+      assert.deepEqual(await open(bob), { ack: false, code: 4429 });
+      assert.equal((await open(alice)).ack, true, 'another caller is not counted against bob');
+      sockets[0].close();
+      await waitFor(async () => (await open(bob)).ack, 5_000, 'a freed connection to be usable again');
+    } finally {
+      for (const socket of sockets) socket.close();
+    }
+  });
+});
+
+describe('ownership: a plain caller sees only its own work, and cannot tell another\'s exists', () => {
+  it('execution, executions with totalCount, running: only its own; admins and operators see all', async () => {
+    const mine = await invoke(alice, 'demo.sleep', { seconds: 1 });
+    const theirs = await invoke(bob, 'demo.sleep', { seconds: 1 });
+    const read = (headers: Record<string, string>, tokenValue: string) =>
+      t.gql(`query($t: ID!) { execution(token: $t) { token } }`, { t: tokenValue }, headers).then((r) => r.body.data.execution?.token ?? null);
+    assert.equal(await read(alice, mine.token), mine.token);
+    assert.equal(await read(alice, theirs.token), null, "another caller's token reads as an unknown one");
+    assert.equal(await read(operator, theirs.token), theirs.token);
+    assert.equal(await read(admin, theirs.token), theirs.token);
+
+    const list = async (headers: Record<string, string>) => {
+      const { body } = await t.gql(`{ executions(first: 500) { totalCount nodes { submittedBy } } }`, {}, headers);
+      return body.data.executions as { totalCount: number; nodes: { submittedBy: string }[] };
+    };
+    const alices = await list(alice);
+    assert.ok(alices.nodes.length > 0 && alices.nodes.every((n) => n.submittedBy === 'alice'), JSON.stringify(alices));
+    assert.equal(alices.totalCount, alices.nodes.length);
+    const everything = await list(operator);
+    assert.ok(everything.nodes.some((n) => n.submittedBy === 'bob') && everything.totalCount > alices.totalCount);
+
+    await waitFor(async () => {
+      const { body } = await t.gql(`{ running { execution { submittedBy } } }`, {}, operator);
+      return body.data.running.some((r: any) => r.execution.submittedBy === 'bob');
+    }, 10_000, "bob's call to run");
+    const { body } = await t.gql(`{ running { execution { submittedBy } } }`, {}, alice);
+    assert.ok(body.data.running.every((r: any) => r.execution.submittedBy === 'alice'), JSON.stringify(body));
+  });
+
+  it("cancelling another caller's execution or batch answers exactly as an unknown one does, and cancels nothing", async () => {
+    const theirs = await invoke(bob, 'demo.sleep', { seconds: 30 });
+    const unknown = '00000000-0000-4000-8000-000000000000';
+    const cancel = (tokenValue: string, headers: Record<string, string>) =>
+      t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: tokenValue }, headers);
+    const other = (await cancel(theirs.token, alice)).body.errors[0];
+    const none = (await cancel(unknown, alice)).body.errors[0];
+    assert.equal(other.extensions.code, 'NOT_FOUND');
+    assert.deepEqual({ ...other, message: other.message.replace(theirs.token, 'T') }, { ...none, message: none.message.replace(unknown, 'T') });
+    const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status } }`, { t: theirs.token }, bob);
+    assert.notEqual(body.data.execution.status, 'CANCELLED');
+    assert.equal((await cancel(theirs.token, operator)).body.data.cancelExecution.execution.status, 'CANCELLED', 'an operator cancels anything');
+
+    const batch = await t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.sleep", arguments: { seconds: 30 } }]] }) { batch { id } } }`, {}, bob);
+    const id = batch.body.data.submitBatch.batch.id;
+    const readBatch = (headers: Record<string, string>) => t.gql(`query($id: ID!) { batch(id: $id) { id status } }`, { id }, headers).then((r) => r.body.data.batch);
+    assert.equal(await readBatch(alice), null);
+    assert.equal((await readBatch(bob)).id, id);
+    const refusedCancel = await t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status } } }`, { id }, alice);
+    assert.equal(refusedCancel.body.errors[0].extensions.code, 'NOT_FOUND');
+    assert.equal((await readBatch(bob)).status, 'RUNNING');
+    const done = await t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status } } }`, { id }, bob);
+    assert.equal(done.body.data.cancelBatch.batch.status, 'CANCELLED');
+  });
+
+  it("subscriptions: another caller's token or batch is NOT_FOUND; executionEvents carries only the caller's own", async () => {
+    const theirs = await invoke(bob);
+    const client = t.ws({ Authorization: alice.authorization });
+    for (const query of [`subscription { executionCompleted(token: "${theirs.token}") { status } }`]) {
+      await assert.rejects(collect(client.iterate({ query }), 1, 10_000), (errors: any) => {
+        assert.equal(errors[0]?.extensions?.code, 'NOT_FOUND', JSON.stringify(errors));
+        return true;
+      });
+    }
+    const batch = await t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.add", arguments: { a: 1, b: 1 } }]] }) { batch { id } } }`, {}, bob);
+    await assert.rejects(collect(client.iterate({ query: `subscription { batchCompleted(id: "${batch.body.data.submitBatch.batch.id}") { status } }` }), 1, 10_000), (errors: any) => {
+      assert.equal(errors[0]?.extensions?.code, 'NOT_FOUND', JSON.stringify(errors));
+      return true;
+    });
+
+    // from a cursor taken now: bob's and alice's calls interleave; alice hears only hers (replay and live)
+    const cursor = (await t.gql(`{ changeCursor }`, {}, alice)).body.data.changeCursor;
+    const before = [await invoke(bob), await invoke(alice)];
+    const stream = client.iterate<{ executionEvents: { status: string; execution: { token: string; submittedBy: string } } }>({
+      query: `subscription($after: String) { executionEvents(after: $after, filter: { status: [SUCCEEDED] }) { status execution { token submittedBy } } }`,
+      variables: { after: cursor },
+    });
+    const during = [await invoke(bob), await invoke(alice)];
+    const events = await collect(stream, 2, 20_000);
+    assert.deepEqual(events.map((e) => e.data!.executionEvents.execution.token).sort(), [before[1].token, during[1].token].sort());
+    assert.ok(events.every((e) => e.data!.executionEvents.execution.submittedBy === 'alice'));
+  });
+});
+
+describe('roles', () => {
+  it('admin-only mutations and queries are FORBIDDEN to operators and plain callers', async () => {
+    for (const headers of [alice, operator]) {
+      await refused(() => t.gql(`mutation { configureQueue(input: { name: "q-${Date.now()}", concurrency: 2 }) { queue { name } } }`, {}, headers), 'FORBIDDEN');
+      await refused(() => t.gql(`mutation { createApiKey(input: { name: "k" }) { secret } }`, {}, headers), 'FORBIDDEN');
+      await refused(() => t.gql(`{ apiKeys { id } }`, {}, headers), 'FORBIDDEN');
+      await refused(() => t.gql(`mutation { registerProcedure(input: { name: "demo.add" }) { procedure { name } } }`, {}, headers), 'FORBIDDEN');
+      await refused(() => t.gql(`mutation { unregisterProcedure(name: "demo.add") { procedure { name } } }`, {}, headers), 'FORBIDDEN');
+    }
+    const { body } = await t.gql(`mutation { configureQueue(input: { name: "by-admin", concurrency: 2 }) { queue { name concurrency } } }`, {}, admin);
+    assert.deepEqual(body.data.configureQueue.queue, { name: 'by-admin', concurrency: 2 });
+  });
+
+  it('a procedure registered with roles is invoked only by holders of one of them (or admin); nothing is enqueued otherwise', async () => {
+    const register = await t.gql(
+      `mutation { registerProcedure(input: { name: "demo.record", roles: ["ledger"] }) { procedure { name roles } } }`,
+      {},
+      admin,
+    );
+    assert.deepEqual(register.body.data.registerProcedure.procedure, { name: 'demo.record', roles: ['ledger'] });
+    const call = (headers: Record<string, string>) =>
+      t.gql(`mutation { invokeMany(inputs: [{ procedure: "demo.add", arguments: { a: 1, b: 1 } }, { procedure: "demo.record", arguments: { tag: "r" } }]) { executions { token } } }`, {}, headers);
+    const error = await refused(() => call(alice), 'FORBIDDEN');
+    assert.match(error.message, /demo\.record/);
+    await refused(() => t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.record", arguments: { tag: "r" } }]] }) { batch { id } } }`, {}, operator), 'FORBIDDEN');
+    assert.equal((await call(await bearer('lena', ['ledger']))).body.data.invokeMany.executions.length, 2);
+    assert.equal((await call(admin)).body.data.invokeMany.executions.length, 2);
+    await t.gql(`mutation { registerProcedure(input: { name: "demo.record" }) { procedure { name } } }`, {}, admin);
+    assert.equal((await call(alice)).body.data.invokeMany.executions.length, 2, 'open again once re-registered without roles');
+    await refused(() => t.gql(`mutation { registerProcedure(input: { name: "demo.record", roles: ["no spaces"] }) { procedure { name } } }`, {}, admin), 'BAD_USER_INPUT');
+  });
+
+  it('unregisterProcedure stops new calls; a second unregister is NOT_FOUND', async () => {
+    const tmp = await t.gql(`mutation { registerProcedure(input: { name: "demo.fail" }) { procedure { name } } }`, {}, admin);
+    assert.equal(tmp.body.data.registerProcedure.procedure.name, 'demo.fail');
+    const gone = await t.gql(`mutation { unregisterProcedure(name: "demo.fail") { procedure { name } } }`, {}, admin);
+    assert.equal(gone.body.data.unregisterProcedure.procedure.name, 'demo.fail');
+    await refused(() => t.gql(`mutation { invoke(input: { procedure: "demo.fail", arguments: {} }) { execution { token } } }`, {}, admin), 'UNKNOWN_PROCEDURE');
+    await refused(() => t.gql(`mutation { unregisterProcedure(name: "demo.fail") { procedure { name } } }`, {}, admin), 'NOT_FOUND');
+    await t.gql(`mutation { registerProcedure(input: { name: "demo.fail" }) { procedure { name } } }`, {}, admin);
+  });
+});
+
+describe('API keys', () => {
+  it('an admin creates a key (secret shown once), a service uses it, revoking it stops it at once', async () => {
+    const created = await t.gql(`mutation { createApiKey(input: { name: "billing", roles: ["operator"] }) { secret apiKey { id name roles prefix subject createdBy revokedAt } } }`, {}, admin);
+    const { secret, apiKey } = created.body.data.createApiKey;
+    assert.match(secret, /^apk_/);
+    assert.equal(apiKey.prefix, secret.slice(0, 8));
+    assert.deepEqual({ ...apiKey, id: undefined, prefix: undefined }, { id: undefined, prefix: undefined, name: 'billing', roles: ['operator'], subject: 'apikey:billing', createdBy: 'ada', revokedAt: null });
+    const listed = await t.gql(`{ apiKeys { id name } }`, {}, admin);
+    assert.ok(!JSON.stringify(listed.body).includes(secret.slice(8)), 'the secret is never listed');
+    await refused(() => t.gql(`mutation { createApiKey(input: { name: "billing" }) { secret } }`, {}, admin), 'BAD_USER_INPUT');
+
+    for (const authorization of [`ApiKey ${secret}`, `Bearer ${secret}`]) {
+      const execution = await invoke({ authorization });
+      assert.equal(execution.submittedBy, 'apikey:billing');
+    }
+    // an operator key sees everyone's work
+    const theirs = await invoke(bob);
+    const seen = await t.gql(`query($t: ID!) { execution(token: $t) { token } }`, { t: theirs.token }, { authorization: `ApiKey ${secret}` });
+    assert.equal(seen.body.data.execution.token, theirs.token);
+
+    const revoked = await t.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { apiKey { revokedAt } } }`, { id: apiKey.id }, admin);
+    assert.ok(revoked.body.data.revokeApiKey.apiKey.revokedAt);
+    await refused(() => t.gql(`{ procedures { name } }`, {}, { authorization: `ApiKey ${secret}` }), 'UNAUTHENTICATED', 401);
+    await refused(() => t.gql(`{ procedures { name } }`, {}, { authorization: `ApiKey apk_${'x'.repeat(43)}` }), 'UNAUTHENTICATED', 401);
+    assert.equal((await wsInit({ Authorization: `ApiKey ${secret}` })).code, 4403, 'a revoked key opens no socket');
+  });
+});
+
+describe('JWT keys', () => {
+  it('verifies ES256 tokens against a public key and against a JWKS, with roles from a nested claim', async () => {
+    const { publicKey, privateKey } = await generateKeyPair('ES256', { extractable: true });
+    const sign = (payload: JWTPayload, kid?: string) =>
+      new SignJWT(payload).setProtectedHeader({ alg: 'ES256', kid }).setSubject('svc').setExpirationTime('5m').sign(privateKey);
+    const byKey = new JwtVerifier({ publicKey: await exportSPKI(publicKey), rolesClaim: 'realm_access.roles' });
+    const verified = await byKey.verify(await sign({ realm_access: { roles: ['operator', 'bad role!', 'billing'] } }));
+    assert.deepEqual(verified, { subject: 'svc', roles: ['operator', 'billing'], expiresAt: verified.expiresAt });
+    // an HS256 token made with the public key as its secret (the classic confusion) is refused
+    const confused = await new SignJWT({}).setProtectedHeader({ alg: 'HS256' }).setSubject('eve').sign(new TextEncoder().encode(await exportSPKI(publicKey)));
+    await assert.rejects(byKey.verify(confused), /HS256 tokens are not accepted/);
+
+    const jwk = { ...(await exportJWK(publicKey)), kid: 'k1', alg: 'ES256', use: 'sig' };
+    const jwks: Server = createServer((_req, res) => res.writeHead(200, { 'content-type': 'application/json' }).end(JSON.stringify({ keys: [jwk] })));
+    await new Promise<void>((resolve) => jwks.listen(0, '127.0.0.1', resolve));
+    try {
+      const byJwks = new JwtVerifier({ jwksUrl: `http://127.0.0.1:${(jwks.address() as AddressInfo).port}/jwks.json`, rolesClaim: 'scope' });
+      assert.deepEqual((await byJwks.verify(await sign({ scope: 'admin operator' }, 'k1'))).roles, ['admin', 'operator']);
+      const other = await generateKeyPair('ES256');
+      const foreign = await new SignJWT({}).setProtectedHeader({ alg: 'ES256', kid: 'k1' }).setSubject('eve').setExpirationTime('5m').sign(other.privateKey);
+      await assert.rejects(byJwks.verify(foreign), /signature/);
+    } finally {
+      jwks.close();
+    }
+  });
+});
+
+describe('configuration', () => {
+  it('a service given DATABASE_URL refuses to start without authentication unless ASYNCPROC_AUTH=none', async () => {
+    const url = await cluster.createDatabase();
+    const config = loadConfig({ DATABASE_URL: url, PORT: '0', HOST: '127.0.0.1' });
+    assert.throws(() => authSettings(config), ConfigError);
+    await assert.rejects(startApp(config, silentLogger), /no authentication configured/);
+    assert.equal(authSettings(loadConfig({ DATABASE_URL: url, ASYNCPROC_AUTH: 'none' })).mode, 'none');
+    assert.equal(authSettings(loadConfig({ DATABASE_URL: url, ASYNCPROC_AUTH: 'required' })).mode, 'required');
+    assert.equal(authSettings(loadConfig({ DATABASE_URL: url, ASYNCPROC_JWT_SECRET: SECRET })).mode, 'required');
+    assert.equal(authSettings(loadConfig({})).mode, 'none', 'the embedded development database');
+    assert.throws(() => loadConfig({ ASYNCPROC_AUTH: 'none', ASYNCPROC_JWT_SECRET: SECRET }), /ASYNCPROC_AUTH/);
+    assert.throws(() => loadConfig({ ASYNCPROC_JWT_SECRET: 'short' }), /ASYNCPROC_JWT_SECRET/);
+  });
+});
+
+describe('rate limit', () => {
+  it('a caller over its mutation rate gets RATE_LIMITED with Retry-After, others do not, and it recovers', async () => {
+    const limited = await startTestApp(await cluster.createDatabase(), {
+      ASYNCPROC_JWT_SECRET: SECRET,
+      ASYNCPROC_JWT_ISSUER: ISSUER,
+      ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
+      ASYNCPROC_RATE_LIMIT: '2',
+      ASYNCPROC_RATE_BURST: '3',
+    });
+    try {
+      const mutate = (headers: Record<string, string>) =>
+        fetch(limited.url, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', ...headers },
+          body: JSON.stringify({ query: 'mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 1 } }) { execution { token } } }' }),
+        });
+      for (let i = 0; i < 3; i++) assert.equal((await mutate(alice)).status, 200);
+      const refusedResponse = await mutate(alice);
+      assert.equal(refusedResponse.status, 429);
+      assert.equal(refusedResponse.headers.get('retry-after'), '1');
+      const body = await refusedResponse.json();
+      assert.equal(body.errors[0].extensions.code, 'RATE_LIMITED');
+      assert.equal(body.data?.invoke ?? null, null);
+      const count = await limited.gql(`{ executions { totalCount } }`, {}, admin);
+      assert.equal(count.body.data.executions.totalCount, 3, 'the refused mutation enqueued nothing; queries are not limited');
+      assert.equal((await mutate(bob)).status, 200, 'another caller has its own budget');
+      await sleep(600);
+      assert.equal((await mutate(alice)).status, 200, 'a token is back after 1/rate seconds');
+    } finally {
+      await limited.stop();
+    }
+  });
+});
+
+describe('reads per request', () => {
+  it('Execution.history for a whole page is one engine read (dataloader); Batch.executions is paged', async () => {
+    const batch = await t.gql(
+      `mutation { submitBatch(input: { stages: [[{ procedure: "demo.add", arguments: { a: 1, b: 1 } }, { procedure: "demo.add", arguments: { a: 2, b: 2 } }, { procedure: "demo.add", arguments: { a: 3, b: 3 } }]] }) { batch { id } } }`,
+      {},
+      alice,
+    );
+    const id = batch.body.data.submitBatch.batch.id;
+    const engine = t.app.engine;
+    const getHistory = engine.getHistory.bind(engine);
+    const getBatch = engine.getBatch.bind(engine);
+    let historyReads = 0;
+    let batchReads = 0;
+    engine.getHistory = (ids) => (historyReads++, getHistory(ids));
+    engine.getBatch = (batchId) => (batchReads++, getBatch(batchId));
+    try {
+      const { body } = await t.gql(`{ executions(first: 20) { nodes { history { number } batch { id } } } }`, {}, alice);
+      assert.ok(body.data.executions.nodes.length >= 3, JSON.stringify(body));
+      assert.equal(historyReads, 1, 'one history read for the page');
+      assert.equal(batchReads, 1, 'the batch its three executions share is read once');
+    } finally {
+      engine.getHistory = getHistory;
+      engine.getBatch = getBatch;
+    }
+    const page = await t.gql(
+      `query($id: ID!) { batch(id: $id) { executions(first: 2) { pageInfo { hasNextPage endCursor } nodes { stage } } } }`,
+      { id },
+      alice,
+    );
+    const first = page.body.data.batch.executions;
+    assert.equal(first.nodes.length, 2);
+    assert.equal(first.pageInfo.hasNextPage, true);
+    const rest = await t.gql(`query($id: ID!, $after: String) { batch(id: $id) { executions(first: 2, after: $after) { nodes { stage } } } }`, { id, after: first.pageInfo.endCursor }, alice);
+    assert.equal(rest.body.data.batch.executions.nodes.length, 1);
+  });
+});
