@@ -304,17 +304,21 @@ describe('batches and monitoring', () => {
     const [a, b] = await Promise.all([cancelled, continued].map((batch) => collect(t.sse().iterate({ query, variables: { id: batch.id } }))));
     assert.deepEqual((a[0].data as any).batchCompleted, {
       status: 'FAILED',
-      executions: [
-        { stage: 1, status: 'FAILED' },
-        { stage: 2, status: 'CANCELLED' },
-      ],
+      executions: {
+        nodes: [
+          { stage: 1, status: 'FAILED' },
+          { stage: 2, status: 'CANCELLED' },
+        ],
+      },
     });
     assert.deepEqual((b[0].data as any).batchCompleted, {
       status: 'FAILED',
-      executions: [
-        { stage: 1, status: 'FAILED' },
-        { stage: 2, status: 'SUCCEEDED' },
-      ],
+      executions: {
+        nodes: [
+          { stage: 1, status: 'FAILED' },
+          { stage: 2, status: 'SUCCEEDED' },
+        ],
+      },
     });
   });
 
