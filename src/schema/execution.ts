@@ -10,6 +10,7 @@ import {
 } from '../engine.js';
 import { builder } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
+import { checkPageCursor } from './input.js';
 
 export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
   description: 'WAITING → PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED; a retry goes back to WAITING.',
@@ -135,12 +136,6 @@ export function toFilter(input: { status?: readonly string[] | null; procedure?:
     procedure: input?.procedure ?? null,
     queue: input?.queue ?? null,
   };
-}
-
-function checkPageCursor(cursor: string | null | undefined): string | null {
-  if (cursor == null) return null;
-  if (!/^\d{1,19}$/.test(cursor)) throw userError('BAD_USER_INPUT', `malformed cursor "${cursor}"`);
-  return cursor;
 }
 
 builder.queryFields((t) => ({
