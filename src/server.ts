@@ -1,10 +1,17 @@
 import { createServer as createHttpServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { GraphQLError } from 'graphql';
-import { createGraphQLError, createYoga, maskError, type Plugin } from 'graphql-yoga';
+import { createGraphQLError, createYoga, maskError } from 'graphql-yoga';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer } from 'ws';
 import type { CompletionHub } from './completionHub.js';
+import { useBodyLimit } from './edge/bodyLimit.js';
+import { corsOptions, useCrossSiteRequestPrevention } from './edge/crossSite.js';
+import { useInputHygiene } from './edge/inputHygiene.js';
+import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
+import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
+import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
+import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
@@ -16,8 +23,20 @@ export interface ServerOptions {
   limits: Limits;
   /** Largest request body (HTTP) or message (WebSocket), in bytes. @default 1 MiB */
   maxBodyBytes?: number;
-  /** @default true */
+  /** Callers must authenticate; turns the defaults below to closed. @default false */
+  authRequired?: boolean;
+  /** @default !authRequired */
   graphiql?: boolean;
+  /** Schema introspection. @default !authRequired */
+  introspection?: boolean;
+  /** "Did you mean …?" in error messages. @default !authRequired */
+  suggestions?: boolean;
+  /** Origins allowed cross-origin (`*`: any). @default closed when authRequired, yoga's default otherwise */
+  corsOrigins?: string[];
+  /** Depth, alias, token, directive and cost limits of every operation. */
+  operationLimits?: Partial<OperationLimits>;
+  /** Subscriptions one graphql-ws connection may hold. @default 100 */
+  maxSubscriptionsPerConnection?: number;
 }
 
 export interface RunningServer {
@@ -29,32 +48,16 @@ export interface RunningServer {
 
 const USER_HEADER = 'x-asyncproc-user';
 
-/** Refuse a request whose declared body is larger than the limit, before it is read. */
-function useBodyLimit(maxBytes: number): Plugin {
-  return {
-    onRequest({ request, endResponse, fetchAPI }) {
-      const length = Number(request.headers.get('content-length') ?? '0');
-      if (length > maxBytes) {
-        endResponse(
-          new fetchAPI.Response(
-            JSON.stringify({
-              errors: [{ message: `request body exceeds ${maxBytes} bytes`, extensions: { code: 'PAYLOAD_TOO_LARGE' } }],
-            }),
-            { status: 413, headers: { 'content-type': 'application/json' } },
-          ),
-        );
-      }
-    },
-  };
-}
-
 export function createYogaApp(options: ServerOptions) {
   const { engine, hub, limits, logger } = options;
+  const open = !options.authRequired;
+  const suggestions = options.suggestions ?? open;
   return createYoga<{ req?: IncomingMessage }, Context>({
     schema,
     graphqlEndpoint: '/graphql',
     landingPage: false,
-    graphiql: options.graphiql === false ? false : { title: 'asyncproc', subscriptionsProtocol: 'WS' },
+    graphiql: (options.graphiql ?? open) ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
+    cors: corsOptions(options.corsOrigins, !open),
     logging: {
       debug: (...args) => logger.debug(args.join(' ')),
       info: (...args) => logger.info(args.join(' ')),
@@ -68,7 +71,10 @@ export function createYogaApp(options: ServerOptions) {
       user: request?.headers.get(USER_HEADER) ?? (req?.headers[USER_HEADER] as string | undefined) ?? null,
     }),
     maskedErrors: {
-      maskError(error, message, isDev) {
+      // never in development mode: stack and SQL text stay in the server's log
+      isDev: false,
+      maskError(error, message) {
+        if (!suggestions) hideSuggestions(error);
         const original = error instanceof GraphQLError ? error.originalError : error;
         if (original instanceof EngineError) {
           return createGraphQLError(original.message, {
@@ -79,10 +85,16 @@ export function createYogaApp(options: ServerOptions) {
         if (!(original instanceof GraphQLError) && original !== undefined) {
           logger.error({ err: original }, 'unexpected error (masked)');
         }
-        return maskError(error, message, isDev);
+        return maskError(error, message, false);
       },
     },
-    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024)],
+    plugins: [
+      useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
+      useCrossSiteRequestPrevention(),
+      useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
+      useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
+      useInputHygiene(),
+    ],
   });
 }
 
@@ -90,12 +102,19 @@ export function createYogaApp(options: ServerOptions) {
 export async function startServer(options: ServerOptions & { port: number; host?: string }): Promise<RunningServer> {
   const yoga = createYogaApp(options);
   const server = createHttpServer(yoga);
-  const wss = new WebSocketServer({ server, path: yoga.graphqlEndpoint, maxPayload: options.maxBodyBytes ?? 1024 * 1024 });
+  const wss = new WebSocketServer({
+    server,
+    path: yoga.graphqlEndpoint,
+    maxPayload: options.maxBodyBytes ?? 1024 * 1024,
+    WebSocket: socketClass(options.logger),
+  });
   const wsServer = useServer(
     {
       execute: (args: any) => args.rootValue.execute(args),
       subscribe: (args: any) => args.rootValue.subscribe(args),
       onSubscribe: async (ctx, _id, params) => {
+        const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
+        if (refused) return refused;
         const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({
           ...ctx,
           req: ctx.extra.request,
