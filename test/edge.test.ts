@@ -39,6 +39,13 @@ async function total(procedure?: string): Promise<number> {
   return body.data.executions.totalCount;
 }
 
+/** The promise's value, or a failure after `ms`: a refusal that never comes fails the test instead of stalling the run. */
+function within<T>(promise: Promise<T>, ms = 10_000): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
 const errorWith = (body: any, code: string) => body.errors?.find((e: any) => e.extensions?.code === code);
 
 /** A query 2·`pairs` + 2 levels deep through Execution.batch → Batch.executions: 2^pairs leaves over a 2-call batch. */
@@ -95,9 +102,11 @@ describe('query cost: depth, aliases, tokens, directives, cost', () => {
     const subscription = batchBomb(token, 21, 'executionCompleted(token: "' + token + '")').replace(/^\{/, 'subscription {');
     for (const [transport, client] of [['graphql-ws', t.ws()], ['SSE', t.sse()]] as const) {
       const wsStarted = performance.now();
-      const errors = await new Promise<any>((resolve) => {
-        client.subscribe({ query: subscription }, { next: (r: any) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
-      });
+      const errors = await within(
+        new Promise<any>((resolve) => {
+          client.subscribe({ query: subscription }, { next: (r: any) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+        }),
+      );
       assert.ok(Array.isArray(errors), JSON.stringify(errors));
       assert.ok(
         errors.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX' && e.extensions.limit === 'depth'),
@@ -167,7 +176,8 @@ describe('request size', () => {
     const closed = new Promise<number>((resolve) => socket.once('close', (code) => resolve(code)));
     const query = 'mutation($t: String!) { invoke(input: { procedure: "demo.record", arguments: { tag: $t } }) { execution { token } } }';
     socket.send(JSON.stringify({ id: '1', type: 'subscribe', payload: { query, variables: { t: 'x'.repeat(1024 * 1024 + 1) } } }));
-    assert.equal(await closed, 1009);
+    const code = await within(closed).finally(() => socket.terminate());
+    assert.equal(code, 1009);
     assert.deepEqual(messages.map((m) => m.type), ['connection_ack']);
     assert.equal(consoleErrors.mock.callCount(), 0);
     assert.equal(await total('demo.record'), before, 'nothing enqueued');
@@ -213,9 +223,13 @@ describe('subscriptions per graphql-ws connection', () => {
     // a subscription is registered when its first pull sends `subscribe`
     const pulls = open.map((iterator) => iterator.next());
     await new Promise((resolve) => setTimeout(resolve, 300));
-    const refused = await new Promise<any>((resolve) =>
-      client.subscribe({ query: 'subscription { executionEvents { cursor } }' }, { next: (r) => resolve(r.errors), error: resolve, complete: () => resolve('completed') }),
-    );
+    let dispose = () => {};
+    const refused = await within(
+      new Promise<any>((resolve) => {
+        dispose = client.subscribe({ query: 'subscription { executionEvents { cursor } }' }, { next: (r) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+      }),
+      3000,
+    ).finally(() => dispose());
     assert.ok(Array.isArray(refused), JSON.stringify(refused));
     assert.equal(refused[0].extensions?.code, 'TOO_MANY_SUBSCRIPTIONS');
     await open[0].return?.();
