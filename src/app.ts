@@ -9,7 +9,7 @@ import type { Closeable, Engine } from './engine.js';
 import { startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
 import { createEngine } from './engines/index.js';
 import type { Logger } from './logger.js';
-import { startServer, type RunningServer } from './server.js';
+import { startServer, type RunningServer, type ServerOptions } from './server.js';
 
 export interface App {
   engine: Engine;
@@ -52,6 +52,23 @@ async function openDatabase(config: Config, logger: Logger): Promise<{ engine: E
   return { engine, embedded };
 }
 
+/** The GraphQL edge's settings; unset ones are decided by the server from `authRequired`. */
+function edgeOptions(config: Config): Partial<ServerOptions> {
+  return {
+    introspection: config.ASYNCPROC_INTROSPECTION,
+    suggestions: config.ASYNCPROC_SUGGESTIONS,
+    corsOrigins: config.ASYNCPROC_CORS_ORIGINS,
+    maxSubscriptionsPerConnection: config.ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION,
+    operationLimits: {
+      maxDepth: config.ASYNCPROC_MAX_DEPTH,
+      maxAliases: config.ASYNCPROC_MAX_ALIASES,
+      maxTokens: config.ASYNCPROC_MAX_TOKENS,
+      maxDirectives: config.ASYNCPROC_MAX_DIRECTIVES,
+      maxCost: config.ASYNCPROC_MAX_COST,
+    },
+  };
+}
+
 function workerId(): string {
   return `${hostname()}:${process.pid}`;
 }
@@ -87,12 +104,18 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       host: config.HOST,
       graphiql: config.ASYNCPROC_GRAPHIQL,
       maxBodyBytes: config.ASYNCPROC_MAX_BODY_BYTES,
+      ...edgeOptions(config),
       limits: { maxCalls: config.ASYNCPROC_MAX_CALLS, maxArgumentBytes: config.ASYNCPROC_MAX_ARGUMENT_BYTES },
       auth,
+      authRequired: auth.required,
       rateLimit: rate > 0 ? new RateLimiter(rate, config.ASYNCPROC_RATE_BURST ?? Math.max(10, Math.ceil(rate * 3))) : null,
       maxConnectionsPerCaller: config.ASYNCPROC_MAX_CONNECTIONS_PER_CALLER,
     });
-    logger.info({ url: server.url, auth: settings.mode, jwt: settings.jwt ? (settings.jwt.jwksUrl ? 'jwks' : settings.jwt.publicKey ? 'public key' : 'secret') : 'off' }, `asyncproc listening: GraphiQL at http://localhost:${server.port}/graphql`);
+    const graphiql = config.ASYNCPROC_GRAPHIQL ?? !auth.required;
+    logger.info(
+      { url: server.url, auth: settings.mode, jwt: settings.jwt ? (settings.jwt.jwksUrl ? 'jwks' : settings.jwt.publicKey ? 'public key' : 'secret') : 'off' },
+      graphiql ? `asyncproc listening: GraphiQL at http://localhost:${server.port}/graphql` : `asyncproc listening on http://localhost:${server.port}/graphql`,
+    );
     return { engine, hub, server, embedded, stop: stopper(logger, engine, embedded, [server, ...parts.reverse()]) };
   } catch (error) {
     await stopper(logger, engine, embedded, parts.reverse())();

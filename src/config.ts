@@ -1,5 +1,6 @@
 import type { AuthSettings } from './auth/authenticate.js';
 import { z } from 'zod';
+import { DEFAULT_OPERATION_LIMITS } from './edge/operationLimits.js';
 
 const flag = z
   .enum(['1', '0', 'true', 'false', 'yes', 'no', 'on', 'off'], { message: 'expected true or false (1/0, yes/no, on/off)' })
@@ -41,7 +42,8 @@ const schema = z.object({
   ASYNCPROC_EMBEDDED_PORT: z.coerce.number({ message: 'expected a port number' }).int().min(1).max(65535).default(54329),
   ASYNCPROC_DEMO: flag.optional(),
   ASYNCPROC_ACTIVATOR: flag.default(true),
-  ASYNCPROC_GRAPHIQL: flag.default(true),
+  /** Default: on when no authentication is required (development), off once it is. */
+  ASYNCPROC_GRAPHIQL: flag.optional(),
   ASYNCPROC_MAX_BODY_BYTES: positiveInt.default(1024 * 1024),
   ASYNCPROC_MAX_CALLS: positiveInt.default(1000),
   ASYNCPROC_MAX_ARGUMENT_BYTES: positiveInt.default(64 * 1024),
@@ -54,6 +56,29 @@ const schema = z.object({
     .min(0, 'expected 0 or more')
     .max(100_000, 'at most 100000 (rows are kept in memory and in the results table)')
     .default(100),
+  // GraphQL edge
+  /** Deepest selection of one operation (introspection excluded). */
+  ASYNCPROC_MAX_DEPTH: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxDepth),
+  /** Aliased fields in one operation. */
+  ASYNCPROC_MAX_ALIASES: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxAliases),
+  /** Lexical tokens of one document: bounds parse time before anything else runs. */
+  ASYNCPROC_MAX_TOKENS: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxTokens),
+  /** Directives in one operation. */
+  ASYNCPROC_MAX_DIRECTIVES: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxDirectives),
+  /** graphql-armor's cost: objects 2, scalars 1, ×1.5 per level, × a literal `first`/`last`. */
+  ASYNCPROC_MAX_COST: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxCost),
+  /** Subscriptions one graphql-ws connection may hold at once. */
+  ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION: positiveInt.default(100),
+  /** Origins allowed cross-origin (comma-separated; `*` for any). Default: closed when authentication is required, open in development. */
+  ASYNCPROC_CORS_ORIGINS: z
+    .string()
+    .transform((v) => v.split(',').map((o) => o.trim()).filter(Boolean))
+    .refine((list) => list.every((o) => o === '*' || /^https?:\/\/[^/\s]+$/.test(o)), 'expected * or origins like https://app.example.com, comma-separated')
+    .optional(),
+  /** Schema introspection. Default: on unless authentication is required. */
+  ASYNCPROC_INTROSPECTION: flag.optional(),
+  /** "Did you mean …?" in error messages. Default: on unless authentication is required. */
+  ASYNCPROC_SUGGESTIONS: flag.optional(),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 

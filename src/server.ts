@@ -1,13 +1,20 @@
 import { createServer as createHttpServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { GraphQLError } from 'graphql';
-import { createGraphQLError, createYoga, maskError, type Plugin } from 'graphql-yoga';
+import { createGraphQLError, createYoga, maskError } from 'graphql-yoga';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { AuthenticationError, authorizationParam, USER_HEADER, type Authenticator } from './auth/authenticate.js';
 import type { Principal } from './auth/principal.js';
 import { useMutationRateLimit, type RateLimiter } from './auth/rateLimit.js';
 import type { CompletionHub } from './completionHub.js';
+import { useBodyLimit } from './edge/bodyLimit.js';
+import { corsOptions, useCrossSiteRequestPrevention } from './edge/crossSite.js';
+import { useInputHygiene } from './edge/inputHygiene.js';
+import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
+import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
+import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
+import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
@@ -20,7 +27,9 @@ export interface ServerOptions {
   limits: Limits;
   /** Largest request body (HTTP) or message (WebSocket), in bytes. @default 1 MiB */
   maxBodyBytes?: number;
-  /** @default true */
+  /** Callers must authenticate; turns the defaults below to closed. @default false */
+  authRequired?: boolean;
+  /** @default !authRequired */
   graphiql?: boolean;
   /** Verifies credentials (or, with auth off, takes the caller at its word). */
   auth: Authenticator;
@@ -28,6 +37,16 @@ export interface ServerOptions {
   rateLimit?: RateLimiter | null;
   /** Open graphql-ws connections one caller may hold. @default 20 */
   maxConnectionsPerCaller?: number;
+  /** Schema introspection. @default !authRequired */
+  introspection?: boolean;
+  /** "Did you mean …?" in error messages. @default !authRequired */
+  suggestions?: boolean;
+  /** Origins allowed cross-origin (`*`: any). @default closed when authRequired, yoga's default otherwise */
+  corsOrigins?: string[];
+  /** Depth, alias, token, directive and cost limits of every operation. */
+  operationLimits?: Partial<OperationLimits>;
+  /** Subscriptions one graphql-ws connection may hold. @default 100 */
+  maxSubscriptionsPerConnection?: number;
 }
 
 export interface RunningServer {
@@ -54,32 +73,16 @@ function headerOf(req: IncomingMessage | undefined, name: string): string | null
   return typeof value === 'string' ? value : null;
 }
 
-/** Refuse a request whose declared body is larger than the limit, before it is read. */
-function useBodyLimit(maxBytes: number): Plugin {
-  return {
-    onRequest({ request, endResponse, fetchAPI }) {
-      const length = Number(request.headers.get('content-length') ?? '0');
-      if (length > maxBytes) {
-        endResponse(
-          new fetchAPI.Response(
-            JSON.stringify({
-              errors: [{ message: `request body exceeds ${maxBytes} bytes`, extensions: { code: 'PAYLOAD_TOO_LARGE' } }],
-            }),
-            { status: 413, headers: { 'content-type': 'application/json' } },
-          ),
-        );
-      }
-    },
-  };
-}
-
 export function createYogaApp(options: ServerOptions) {
   const { engine, hub, limits, logger, auth } = options;
+  const open = !options.authRequired;
+  const suggestions = options.suggestions ?? open;
   return createYoga<ServerContext, Context>({
     schema,
     graphqlEndpoint: '/graphql',
     landingPage: false,
-    graphiql: options.graphiql === false ? false : { title: 'asyncproc', subscriptionsProtocol: 'WS' },
+    graphiql: (options.graphiql ?? open) ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
+    cors: corsOptions(options.corsOrigins, !open),
     logging: {
       debug: (...args) => logger.debug(args.join(' ')),
       info: (...args) => logger.info(args.join(' ')),
@@ -100,7 +103,10 @@ export function createYogaApp(options: ServerOptions) {
       return { engine, hub, limits, principal, loaders: createLoaders(engine) };
     },
     maskedErrors: {
-      maskError(error, message, isDev) {
+      // never in development mode: stack and SQL text stay in the server's log
+      isDev: false,
+      maskError(error, message) {
+        if (!suggestions) hideSuggestions(error);
         const original = error instanceof GraphQLError ? error.originalError : error;
         if (original instanceof EngineError) {
           return createGraphQLError(original.message, {
@@ -111,10 +117,17 @@ export function createYogaApp(options: ServerOptions) {
         if (!(original instanceof GraphQLError) && original !== undefined) {
           logger.error({ err: original }, 'unexpected error (masked)');
         }
-        return maskError(error, message, isDev);
+        return maskError(error, message, false);
       },
     },
-    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024), ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : [])],
+    plugins: [
+      useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
+      useCrossSiteRequestPrevention(),
+      useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
+      useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
+      useInputHygiene(),
+      ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
+    ],
   });
 }
 
@@ -122,7 +135,12 @@ export function createYogaApp(options: ServerOptions) {
 export async function startServer(options: ServerOptions & { port: number; host?: string }): Promise<RunningServer> {
   const yoga = createYogaApp(options);
   const server = createHttpServer(yoga);
-  const wss = new WebSocketServer({ server, path: yoga.graphqlEndpoint, maxPayload: options.maxBodyBytes ?? 1024 * 1024 });
+  const wss = new WebSocketServer({
+    server,
+    path: yoga.graphqlEndpoint,
+    maxPayload: options.maxBodyBytes ?? 1024 * 1024,
+    WebSocket: socketClass(options.logger),
+  });
   const { auth } = options;
   const maxConnections = options.maxConnectionsPerCaller ?? 20;
   /** Open graphql-ws connections by caller (auth required only: anonymous callers are one). */
@@ -168,6 +186,8 @@ export async function startServer(options: ServerOptions & { port: number; host?
         else connections.delete(key);
       },
       onSubscribe: async (ctx, _id, params) => {
+        const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
+        if (refused) return refused;
         const principal = ctx.extra.principal!;
         if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) {
           return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];

@@ -224,8 +224,8 @@ describe('ownership: a plain caller sees only its own work, and cannot tell anot
     const unknown = '00000000-0000-4000-8000-000000000000';
     const cancel = (tokenValue: string, headers: Record<string, string>) =>
       t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: tokenValue }, headers);
-    const other = (await cancel(theirs.token, alice)).body.errors[0];
-    const none = (await cancel(unknown, alice)).body.errors[0];
+    const other = (await cancel(theirs.token, alice)).body.errors![0];
+    const none = (await cancel(unknown, alice)).body.errors![0];
     assert.equal(other.extensions.code, 'NOT_FOUND');
     assert.deepEqual({ ...other, message: other.message.replace(theirs.token, 'T') }, { ...none, message: none.message.replace(unknown, 'T') });
     const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status } }`, { t: theirs.token }, bob);
@@ -238,7 +238,7 @@ describe('ownership: a plain caller sees only its own work, and cannot tell anot
     assert.equal(await readBatch(alice), null);
     assert.equal((await readBatch(bob)).id, id);
     const refusedCancel = await t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status } } }`, { id }, alice);
-    assert.equal(refusedCancel.body.errors[0].extensions.code, 'NOT_FOUND');
+    assert.equal(refusedCancel.body.errors?.[0].extensions.code, 'NOT_FOUND');
     assert.equal((await readBatch(bob)).status, 'RUNNING');
     const done = await t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { status } } }`, { id }, bob);
     assert.equal(done.body.data.cancelBatch.batch.status, 'CANCELLED');

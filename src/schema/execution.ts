@@ -11,6 +11,7 @@ import {
 } from '../engine.js';
 import { builder, type Context } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
+import { checkPageCursor } from './input.js';
 
 export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
   description: 'WAITING → PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED; a retry goes back to WAITING.',
@@ -141,12 +142,6 @@ export function toFilter(
     queue: input?.queue ?? null,
     submittedBy: ownerFilter(context.principal),
   };
-}
-
-function checkPageCursor(cursor: string | null | undefined): string | null {
-  if (cursor == null) return null;
-  if (!/^\d{1,19}$/.test(cursor)) throw userError('BAD_USER_INPUT', `malformed cursor "${cursor}"`);
-  return cursor;
 }
 
 builder.queryFields((t) => ({

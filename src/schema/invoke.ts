@@ -3,6 +3,7 @@ import { EngineError, type Execution, type InvokeCall } from '../engine.js';
 import { builder, type Context } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
+import { checkRunAt } from './input.js';
 
 export const InvokeInput = builder.inputType('InvokeInput', {
   fields: (t) => ({
@@ -40,7 +41,7 @@ export function toCall(input: InvokeInputShape, context: Context): InvokeCall {
     procedure: input.procedure,
     arguments: args as Record<string, unknown>,
     queue: input.queue ?? null,
-    runAt: input.runAt ?? null,
+    runAt: checkRunAt(input.runAt),
     maxAttempts: input.maxAttempts ?? null,
     submittedBy: context.principal.subject,
     callerRoles: callerRoles(context.principal),

@@ -3,7 +3,7 @@ import { createClient as createWsClient, type Client as WsClient } from 'graphql
 import WebSocket from 'ws';
 import { startApp, type App } from '../../src/app.js';
 import { loadConfig } from '../../src/config.js';
-import { silentLogger } from '../../src/logger.js';
+import { silentLogger, type Logger } from '../../src/logger.js';
 
 export interface TestApp {
   app: App;
@@ -18,11 +18,11 @@ export interface TestApp {
 }
 
 /** The real service (HTTP + graphql-ws + SSE) on a free port, against `databaseUrl`. */
-export async function startTestApp(databaseUrl: string, env: Record<string, string> = {}): Promise<TestApp> {
+export async function startTestApp(databaseUrl: string, env: Record<string, string> = {}, logger: Logger = silentLogger): Promise<TestApp> {
   // anonymous access unless the test configures authentication
   const auth = Object.keys(env).some((key) => key === 'ASYNCPROC_AUTH' || key.startsWith('ASYNCPROC_JWT') || key === 'ASYNCPROC_JWKS_URL') ? {} : { ASYNCPROC_AUTH: 'none' };
   const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: '0', HOST: '127.0.0.1', ASYNCPROC_DEMO: 'true', ...auth, ...env });
-  const app = await startApp(config, silentLogger);
+  const app = await startApp(config, logger);
   const url = app.server!.url;
   const clients: { dispose(): void | Promise<void> }[] = [];
   return {

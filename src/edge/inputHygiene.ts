@@ -1,0 +1,52 @@
+import { GraphQLError, Kind, visit, type DocumentNode } from 'graphql';
+import type { Plugin } from 'graphql-yoga';
+import { userError } from '../schema/errors.js';
+import { MAX_JSON_DEPTH, checkJsonValue, checkText } from '../schema/input.js';
+
+/** Every string literal of the document, and the nesting of its object and list literals. */
+function checkDocument(document: DocumentNode): void {
+  let depth = 0;
+  visit(document, {
+    StringValue: (node) => void checkText(node.value, 'a string in the query'),
+    ObjectValue: { enter: () => void nest(++depth), leave: () => void depth-- },
+    ListValue: { enter: () => void nest(++depth), leave: () => void depth-- },
+  });
+}
+
+function nest(depth: number): void {
+  if (depth > MAX_JSON_DEPTH) throw userError('BAD_USER_INPUT', `a value in the query is nested deeper than ${MAX_JSON_DEPTH} levels`);
+}
+
+function refusal(error: unknown): { errors: GraphQLError[] } {
+  if (error instanceof GraphQLError) return { errors: [error] };
+  throw error;
+}
+
+/**
+ * Odd input is bad input, for every argument of every operation on every transport, checked once before it
+ * executes: no string (variable or literal, key or value, at any depth) may hold a NUL or a lone surrogate,
+ * and no value may nest deeper than MAX_JSON_DEPTH. A refused operation gets BAD_USER_INPUT and runs nothing.
+ * Checks that need a field's meaning (runAt's range, a page cursor's) stay with the field, in schema/input.ts.
+ */
+export function useInputHygiene(): Plugin {
+  const check = (document: DocumentNode, variables: unknown) => {
+    checkJsonValue(variables ?? {}, 'variables');
+    checkDocument(document);
+  };
+  return {
+    onExecute({ args, setResultAndStopExecution }) {
+      try {
+        check(args.document, args.variableValues);
+      } catch (error) {
+        setResultAndStopExecution(refusal(error));
+      }
+    },
+    onSubscribe({ args, setResultAndStopExecution }) {
+      try {
+        check(args.document, args.variableValues);
+      } catch (error) {
+        setResultAndStopExecution(refusal(error));
+      }
+    },
+  };
+}

@@ -1,0 +1,369 @@
+/** The GraphQL edge against abuse: operation limits, body size, cross-site requests, subscriptions per socket, odd input, production defaults. */
+import assert from 'node:assert/strict';
+import { request as httpRequest } from 'node:http';
+import { Writable } from 'node:stream';
+import { after, before, describe, it } from 'node:test';
+import pino from 'pino';
+import WebSocket from 'ws';
+import { Authenticator } from '../src/auth/authenticate.js';
+import { startServer, type RunningServer } from '../src/server.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+/** Every log line the service writes, parsed. */
+function capturingLogger() {
+  const lines: Record<string, any>[] = [];
+  const stream = new Writable({
+    write(chunk, _encoding, done) {
+      for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
+      done();
+    },
+  });
+  return { logger: pino({ level: 'debug' }, stream), lines };
+}
+
+let cluster: TestCluster;
+let t: TestApp;
+const log = capturingLogger();
+
+before(async () => {
+  cluster = await startTestCluster();
+  t = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION: '3' }, log.logger);
+});
+after(async () => {
+  await t?.stop();
+  await cluster?.stop();
+});
+
+async function total(procedure?: string): Promise<number> {
+  const { body } = await t.gql(`query($f: ExecutionFilter) { executions(filter: $f) { totalCount } }`, { f: procedure ? { procedure } : {} });
+  return body.data.executions.totalCount;
+}
+
+/** The promise's value, or a failure after `ms`: a refusal that never comes fails the test instead of stalling the run. */
+function within<T>(promise: Promise<T>, ms = 10_000): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no answer within ${ms} ms`)), ms)));
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+const errorWith = (body: any, code: string) => body.errors?.find((e: any) => e.extensions?.code === code);
+
+/** A query 2·`pairs` + 2 levels deep through Execution.batch → Batch.executions: 2^pairs leaves over a 2-call batch. */
+function batchBomb(token: string, pairs: number, root = `execution(token: "${token}")`): string {
+  let inner = 'token';
+  for (let i = 0; i < pairs; i++) inner = `batch { executions(first: 100) { nodes { ${inner} } } }`;
+  return `{ ${root} { ${inner} } }`;
+}
+
+/** POST a raw body over HTTP/1.1, chunked when no content-length is given. */
+function rawPost(url: string, headers: Record<string, string>, chunks: (string | Buffer)[]): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = httpRequest(url, { method: 'POST', headers }, (res) => {
+      let text = '';
+      res.on('data', (d) => (text += d));
+      res.on('end', () => resolve({ status: res.statusCode!, text }));
+    });
+    req.on('error', (error: NodeJS.ErrnoException) => {
+      // the server may close while we still write; the answer came first
+      if (error.code !== 'EPIPE' && error.code !== 'ECONNRESET') reject(error);
+    });
+    const write = (i: number): void => {
+      if (i === chunks.length) return void req.end();
+      if (req.destroyed) return;
+      req.write(chunks[i], () => setImmediate(() => write(i + 1)));
+    };
+    write(0);
+  });
+}
+
+describe('query cost: depth, aliases, tokens, directives, cost', () => {
+  let token: string;
+  before(async () => {
+    const { body } = await t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }, { procedure: "demo.noop" }]] }) { batch { id } } }`);
+    const id = body.data.submitBatch.batch.id;
+    const read = await t.gql(`query($id: ID!) { batch(id: $id) { executions { token } } }`, { id });
+    token = read.body.data.batch.executions[0].token;
+  });
+
+  it('a 44-level query through Execution.batch → Batch.executions is refused in milliseconds (HTTP, graphql-ws, SSE)', async () => {
+    const query = batchBomb(token, 21);
+    const started = performance.now();
+    const { status, body } = await t.gql(query);
+    const ms = performance.now() - started;
+    assert.equal(status, 400, JSON.stringify(body));
+    assert.ok(
+      body.errors!.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX' && e.extensions.limit === 'depth'),
+      JSON.stringify(body),
+    );
+    assert.equal(body.data, undefined, 'nothing executed');
+    assert.ok(ms < 1000, `refused in ${ms} ms`);
+    console.log(`# 44-level query refused over HTTP in ${ms.toFixed(1)} ms`);
+
+    const subscription = batchBomb(token, 21, 'executionCompleted(token: "' + token + '")').replace(/^\{/, 'subscription {');
+    for (const [transport, client] of [['graphql-ws', t.ws()], ['SSE', t.sse()]] as const) {
+      const wsStarted = performance.now();
+      const errors = await within(
+        new Promise<any>((resolve) => {
+          client.subscribe({ query: subscription }, { next: (r: any) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+        }),
+      );
+      assert.ok(Array.isArray(errors), JSON.stringify(errors));
+      assert.ok(
+        errors.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX' && e.extensions.limit === 'depth'),
+        JSON.stringify(errors),
+      );
+      console.log(`# 44-level subscription refused over ${transport} in ${(performance.now() - wsStarted).toFixed(1)} ms`);
+    }
+  });
+
+  it('5,000 aliases are refused in milliseconds; so are 51 and too many directives or too high a cost', async () => {
+    const bomb = `{ ${Array.from({ length: 5000 }, (_, i) => `a${i}: procedures { name parameters { name type } }`).join(' ')} }`;
+    const started = performance.now();
+    const { status, body } = await t.gql(bomb);
+    const ms = performance.now() - started;
+    assert.equal(status, 400);
+    assert.ok(errorWith(body, 'QUERY_TOO_COMPLEX'), JSON.stringify(body).slice(0, 500));
+    assert.ok(ms < 1000, `refused in ${ms} ms`);
+    console.log(`# 5,000-alias query (${bomb.length} bytes) refused in ${ms.toFixed(1)} ms`);
+
+    const aliases = await t.gql(`{ ${Array.from({ length: 51 }, (_, i) => `a${i}: changeCursor`).join(' ')} }`);
+    assert.equal(errorWith(aliases.body, 'QUERY_TOO_COMPLEX')?.extensions.limit, 'aliases', JSON.stringify(aliases.body));
+    const directives = await t.gql(`{ changeCursor ${'@include(if: true) '.repeat(21)} }`);
+    assert.equal(errorWith(directives.body, 'QUERY_TOO_COMPLEX')?.extensions.limit, 'directives', JSON.stringify(directives.body));
+    const fanOut = `{ executions(first: 500) { edges { node { token status arguments history { number status worker error { message } } batch { id status stages { stage total } } } } } }`;
+    const cost = await t.gql(fanOut);
+    assert.equal(errorWith(cost.body, 'QUERY_TOO_COMPLEX')?.extensions.limit, 'cost', JSON.stringify(cost.body));
+    const tokens = await t.gql(`{ changeCursor ${'__typename '.repeat(5000)} }`);
+    assert.equal(errorWith(tokens.body, 'QUERY_TOO_COMPLEX')?.extensions.limit, 'tokens', JSON.stringify(tokens.body));
+  });
+
+  it('ordinary queries pass: a page of executions with their batches, introspection', async () => {
+    const { body } = await t.gql(`{ executions(first: 50) { totalCount edges { cursor node { token status batch { id executions { token status } } history { number status } } } } }`);
+    assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+    const introspection = await t.gql(`{ __schema { types { name fields { name type { name ofType { name ofType { name ofType { name } } } } } } } }`);
+    assert.equal(introspection.body.errors, undefined, JSON.stringify(introspection.body.errors));
+  });
+});
+
+describe('request size', () => {
+  it('a 5 MB chunked body (no Content-Length) is refused with 413 after 1 MiB is read; nothing runs', async () => {
+    const before = await total('demo.record');
+    const head = `{"query":"mutation($t: String!) { invoke(input: { procedure: \\"demo.record\\", arguments: { tag: $t } }) { execution { token } } }","variables":{"t":"`;
+    const chunk = Buffer.alloc(64 * 1024, 'x');
+    const chunks = [head, ...Array.from({ length: 80 }, () => chunk), '"}}'];
+    const { status, text } = await rawPost(t.url, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' }, chunks);
+    assert.equal(status, 413, text);
+    assert.equal(JSON.parse(text).errors[0].extensions.code, 'PAYLOAD_TOO_LARGE');
+    assert.equal(await total('demo.record'), before, 'nothing enqueued');
+  });
+
+  it('a small chunked body is read whole and runs', async () => {
+    const query = JSON.stringify({ query: '{ changeCursor }' });
+    const { status, text } = await rawPost(t.url, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' }, [query.slice(0, 5), query.slice(5)]);
+    assert.equal(status, 200, text);
+    assert.ok(JSON.parse(text).data.changeCursor);
+  });
+
+  it('a WebSocket message over the limit closes the socket (1009), runs nothing and prints no stack', async (context) => {
+    const consoleErrors = context.mock.method(console, 'error', () => undefined);
+    const before = await total('demo.record');
+    const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+    const messages: any[] = [];
+    socket.on('message', (data) => messages.push(JSON.parse(String(data))));
+    await new Promise((resolve) => socket.once('open', resolve));
+    socket.send(JSON.stringify({ type: 'connection_init' }));
+    await waitFor(async () => messages.some((m) => m.type === 'connection_ack'));
+    const closed = new Promise<number>((resolve) => socket.once('close', (code) => resolve(code)));
+    const query = 'mutation($t: String!) { invoke(input: { procedure: "demo.record", arguments: { tag: $t } }) { execution { token } } }';
+    socket.send(JSON.stringify({ id: '1', type: 'subscribe', payload: { query, variables: { t: 'x'.repeat(1024 * 1024 + 1) } } }));
+    const code = await within(closed).finally(() => socket.terminate());
+    assert.equal(code, 1009);
+    assert.deepEqual(messages.map((m) => m.type), ['connection_ack']);
+    assert.equal(consoleErrors.mock.callCount(), 0);
+    assert.equal(await total('demo.record'), before, 'nothing enqueued');
+  });
+});
+
+describe('cross-site requests', () => {
+  const mutation = 'mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "csrf" } }) { execution { token } } }';
+
+  it('a form POST (urlencoded, multipart, text/plain) running demo.record is refused and enqueues nothing', async () => {
+    const before = await total('demo.record');
+    const form = new FormData();
+    form.set('operations', JSON.stringify({ query: mutation }));
+    form.set('map', '{}');
+    const bodies: RequestInit[] = [
+      { body: new URLSearchParams({ query: mutation }) },
+      { body: form },
+      { body: JSON.stringify({ query: mutation }), headers: { 'content-type': 'text/plain' } },
+    ];
+    for (const init of bodies) {
+      const response = await fetch(t.url, { method: 'POST', ...init });
+      const body = await response.json();
+      assert.equal(response.status, 403, JSON.stringify(body));
+      assert.equal(body.errors[0].extensions.code, 'CSRF_HEADER_REQUIRED');
+    }
+    assert.equal(await total('demo.record'), before, 'nothing enqueued');
+  });
+
+  it('JSON POSTs, graphql-sse and a GET with the CSRF header pass; a bare GET does not', async () => {
+    assert.equal((await t.gql('{ changeCursor }')).status, 200);
+    const [event] = await collect(t.sse().iterate({ query: '{ changeCursor }' }), 1);
+    assert.ok(event.data?.changeCursor);
+    const url = `${t.url}?query=${encodeURIComponent('{ changeCursor }')}`;
+    assert.equal((await fetch(url, { headers: { accept: 'application/json' } })).status, 403);
+    assert.equal((await fetch(url, { headers: { accept: 'application/json', 'x-asyncproc-csrf': '1' } })).status, 200);
+  });
+});
+
+describe('subscriptions per graphql-ws connection', () => {
+  it('beyond ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION a subscribe gets TOO_MANY_SUBSCRIPTIONS; the socket stays up', async () => {
+    const client = t.ws();
+    const open = Array.from({ length: 3 }, () => client.iterate({ query: 'subscription { executionEvents { cursor } }' }));
+    // a subscription is registered when its first pull sends `subscribe`
+    const pulls = open.map((iterator) => iterator.next());
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    let dispose = () => {};
+    const refused = await within(
+      new Promise<any>((resolve) => {
+        dispose = client.subscribe({ query: 'subscription { executionEvents { cursor } }' }, { next: (r) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+      }),
+      3000,
+    ).finally(() => dispose());
+    assert.ok(Array.isArray(refused), JSON.stringify(refused));
+    assert.equal(refused[0].extensions?.code, 'TOO_MANY_SUBSCRIPTIONS');
+    await open[0].return?.();
+    void pulls;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const [again] = await collect(client.iterate({ query: '{ changeCursor }' }), 1);
+    assert.ok(again.data?.changeCursor, JSON.stringify(again));
+    for (const iterator of open.slice(1)) await iterator.return?.();
+  });
+});
+
+describe('odd input is bad input: a code, nothing changed, no stack in the log', () => {
+  const invoke = (input: Record<string, unknown>) => t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: input });
+  const deep = (n: number) => '{"a":'.repeat(n) + '1' + '}'.repeat(n);
+  const cases: [string, () => Promise<{ status: number; body: any }>][] = [
+    ['NUL in an argument value', () => invoke({ procedure: 'demo.record', arguments: { tag: 'a\u0000b' } })],
+    ['NUL in an argument key', () => invoke({ procedure: 'demo.record', arguments: { 'tag\u0000': 'x' } })],
+    ['NUL nested in an argument', () => invoke({ procedure: 'demo.record', arguments: { tag: { x: [{ y: '\u0000' }] } } })],
+    ['NUL in the procedure', () => invoke({ procedure: 'demo.record\u0000', arguments: { tag: 'x' } })],
+    ['NUL in the queue', () => invoke({ procedure: 'demo.record', arguments: { tag: 'x' }, queue: 'default\u0000' })],
+    ['NUL in a filter', () => t.gql(`query($f: ExecutionFilter) { executions(filter: $f) { totalCount } }`, { f: { procedure: 'demo\u0000' } })],
+    ['NUL in a string literal', () => t.gql(`{ executions(filter: { queue: "a\\u0000" }) { totalCount } }`)],
+    ['NUL in a queue name', () => t.gql(`mutation($i: ConfigureQueueInput!) { configureQueue(input: $i) { queue { name } } }`, { i: { name: 'q\u0000', concurrency: 1 } })],
+    ['a lone surrogate in variables', () => invoke({ procedure: 'demo.record', arguments: { tag: 'a\ud800b' } })],
+    ['a lone low surrogate in a filter', () => t.gql(`query($f: ExecutionFilter) { executions(filter: $f) { totalCount } }`, { f: { queue: '\udc00' } })],
+    ['runAt in year 0000', () => invoke({ procedure: 'demo.record', arguments: { tag: 'x' }, runAt: '0000-01-01T00:00:00Z' })],
+    ['runAt before 1970', () => invoke({ procedure: 'demo.record', arguments: { tag: 'x' }, runAt: '1900-01-01T00:00:00Z' })],
+    ['a page cursor past the bigint range', () => t.gql(`{ executions(after: "9999999999999999999") { totalCount } }`)],
+    ['a before cursor past the bigint range', () => t.gql(`{ executions(before: "9223372036854775808") { totalCount } }`)],
+    [
+      'arguments nested 20,000 deep',
+      async () => {
+        const query = 'mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }';
+        const body = `{"query":${JSON.stringify(query)},"variables":{"i":{"procedure":"demo.record","arguments":{"tag":${deep(20_000)}}}}}`;
+        const response = await fetch(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body });
+        return { status: response.status, body: await response.json() };
+      },
+    ],
+  ];
+
+  for (const [name, run] of cases) {
+    it(name, async () => {
+      const before = await total();
+      const queues = (await t.gql('{ queues { name } }')).body.data.queues.length;
+      const logged = log.lines.length;
+      const { status, body } = await run();
+      assert.ok(status < 500, `HTTP ${status}`);
+      assert.ok(['BAD_USER_INPUT', 'INVALID_ARGUMENTS'].includes(body.errors?.[0]?.extensions?.code), JSON.stringify(body));
+      assert.equal(await total(), before, 'nothing enqueued');
+      assert.equal((await t.gql('{ queues { name } }')).body.data.queues.length, queues, 'no queue created');
+      const problems = log.lines.slice(logged).filter((line) => line.level >= 50 || line.msg === 'unexpected error (masked)' || JSON.stringify(line).includes('stack'));
+      assert.deepEqual(problems, []);
+    });
+  }
+
+  it('over graphql-ws too', async () => {
+    const [result] = await collect(t.ws().iterate({ query: 'subscription($f: ExecutionFilter) { executionEvents(filter: $f) { cursor } }', variables: { f: { procedure: 'x\u0000' } } }), 1).catch((errors) => [{ errors }]);
+    assert.equal(result.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(result));
+  });
+
+  it('a runAt within range still delays the call', async () => {
+    const runAt = new Date(Date.now() + 60_000).toISOString();
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { status runAt } } }`, { i: { procedure: 'demo.noop', runAt } });
+    assert.deepEqual(body.data.invoke.execution, { status: 'WAITING', runAt });
+  });
+});
+
+describe('production defaults', () => {
+  let closed: RunningServer;
+  let open: RunningServer;
+  const post = async (server: RunningServer, query: string, variables?: unknown) => {
+    const response = await fetch(server.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query, variables }) });
+    return { status: response.status, text: await response.text() };
+  };
+  before(async () => {
+    // the defaults follow authRequired; the requests themselves need no credentials here
+    const auth = new Authenticator({ mode: 'none', jwt: null }, t.app.engine, log.logger);
+    const base = { engine: t.app.engine, hub: t.app.hub!, logger: log.logger, limits: { maxCalls: 10, maxArgumentBytes: 1000 }, port: 0, host: '127.0.0.1', auth };
+    closed = await startServer({ ...base, authRequired: true });
+    open = await startServer({ ...base, authRequired: true, introspection: true, suggestions: true, graphiql: true, corsOrigins: ['https://app.example.com'] });
+  });
+  after(async () => {
+    await closed?.close();
+    await open?.close();
+  });
+
+  it('with auth required: no introspection, no field suggestions, no GraphiQL, no CORS', async () => {
+    const introspection = JSON.parse((await post(closed, '{ __schema { types { name } } }')).text);
+    assert.match(introspection.errors[0].message, /introspection/i);
+    assert.equal(introspection.data, undefined);
+    const typo = JSON.parse((await post(closed, '{ executionz { totalCount } }')).text);
+    assert.doesNotMatch(typo.errors[0].message, /Did you mean/);
+    const variable = JSON.parse((await post(closed, 'query($f: ExecutionFilter) { executions(filter: $f) { totalCount } }', { f: { procedur: 'x' } })).text);
+    assert.ok(variable.errors[0].message.includes('procedur'));
+    assert.doesNotMatch(variable.errors[0].message, /Did you mean/);
+    const page = await fetch(closed.url, { headers: { accept: 'text/html' } });
+    assert.doesNotMatch(await page.text(), /graphiql/i);
+    const preflight = await fetch(closed.url, {
+      method: 'OPTIONS',
+      headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' },
+    });
+    assert.equal(preflight.headers.get('access-control-allow-origin'), null);
+  });
+
+  it('each can be turned on; CORS admits the configured origins only', async () => {
+    assert.equal(JSON.parse((await post(open, '{ __schema { queryType { name } } }')).text).data.__schema.queryType.name, 'Query');
+    assert.match(JSON.parse((await post(open, '{ executionz { totalCount } }')).text).errors[0].message, /Did you mean "execution" or "executions"\?/);
+    assert.match(await (await fetch(open.url, { headers: { accept: 'text/html' } })).text(), /graphiql/i);
+    const preflight = (origin: string) =>
+      fetch(open.url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } });
+    assert.equal((await preflight('https://app.example.com')).headers.get('access-control-allow-origin'), 'https://app.example.com');
+    assert.notEqual((await preflight('https://evil.example')).headers.get('access-control-allow-origin'), 'https://evil.example');
+  });
+
+  it('in development mode too, an unexpected error carries no stack or SQL text; the log keeps it', async () => {
+    const previous = process.env.NODE_ENV;
+    process.env.NODE_ENV = 'development';
+    const url = await cluster.createDatabase();
+    const app = await startTestApp(url, { ASYNCPROC_ACTIVATOR: 'false' }, log.logger);
+    const db = await cluster.connect(url);
+    try {
+      await db.query('alter table asyncproc.queues rename to queues_gone');
+      const logged = log.lines.length;
+      const { body } = await app.gql('{ queues { name } }');
+      const text = JSON.stringify(body);
+      assert.equal(body.errors![0].message, 'Unexpected error.');
+      assert.doesNotMatch(text, /originalError|stack|queues_gone|asyncproc\.queues|select/i);
+      assert.ok(log.lines.slice(logged).some((line) => line.msg === 'unexpected error (masked)' && JSON.stringify(line.err).includes('asyncproc.queues')));
+    } finally {
+      process.env.NODE_ENV = previous;
+      await db.query('alter table asyncproc.queues_gone rename to queues').catch(() => undefined);
+      await app.stop();
+      await db.end();
+    }
+  });
+});
