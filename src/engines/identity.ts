@@ -2,7 +2,7 @@
  * Checks of identity input shared by both engines, made before the database is asked:
  * role names, a caller's roles, a new API key. The databases repeat what guards data.
  */
-import { EngineError, ROLE_NAME, type NewApiKey } from '../engine.js';
+import { EngineError, ROLE_NAME, type ApiKey, type NewApiKey } from '../engine.js';
 
 const badInput = (message: string) => new EngineError('BAD_USER_INPUT', message);
 
@@ -48,4 +48,32 @@ export function checkNewApiKey(key: NewApiKey): NewApiKey & { roles: string[] } 
     throw badInput('createdBy is at most 256 characters, without control characters');
   }
   return { name, secretHash, prefix, createdBy: createdBy ?? null, roles: checkRoles(key.roles) };
+}
+
+/** An API key row as both engines select it (roles as each engine stores them). */
+export interface ApiKeyRow<Roles> {
+  id: string;
+  name: string;
+  roles: Roles;
+  prefix: string;
+  created_at: Date;
+  created_by: string | null;
+  last_used_at: Date | null;
+  revoked_at: Date | null;
+}
+
+export const API_KEY_COLUMNS = ['id', 'name', 'roles', 'prefix', 'created_at', 'created_by', 'last_used_at', 'revoked_at'];
+
+/** ids in lower case (SQL Server spells uniqueidentifiers in capitals). */
+export function toApiKey(row: ApiKeyRow<unknown>, roles: string[]): ApiKey {
+  return {
+    id: row.id.toLowerCase(),
+    name: row.name,
+    roles,
+    prefix: row.prefix,
+    createdAt: row.created_at,
+    createdBy: row.created_by,
+    lastUsedAt: row.last_used_at,
+    revokedAt: row.revoked_at,
+  };
 }

@@ -1,43 +1,21 @@
 import type pg from 'pg';
 import { EngineError, isUuid, type ApiKey, type NewApiKey } from '../../engine.js';
-import { checkNewApiKey } from '../identity.js';
+import { API_KEY_COLUMNS, checkNewApiKey, toApiKey, type ApiKeyRow } from '../identity.js';
 
-const API_KEY_COLUMNS = 'k.id, k.name, k.roles, k.prefix, k.created_at, k.created_by, k.last_used_at, k.revoked_at';
-
-interface ApiKeyRow {
-  id: string;
-  name: string;
-  roles: string[];
-  prefix: string;
-  created_at: Date;
-  created_by: string | null;
-  last_used_at: Date | null;
-  revoked_at: Date | null;
-}
-
-function toApiKey(row: ApiKeyRow): ApiKey {
-  return {
-    id: row.id,
-    name: row.name,
-    roles: row.roles,
-    prefix: row.prefix,
-    createdAt: row.created_at,
-    createdBy: row.created_by,
-    lastUsedAt: row.last_used_at,
-    revokedAt: row.revoked_at,
-  };
-}
+const COLUMNS = API_KEY_COLUMNS.map((c) => `k.${c}`).join(', ');
+type Row = ApiKeyRow<string[]>;
+const toKey = (row: Row) => toApiKey(row, row.roles);
 
 /** Store a key's hash; a name is unique among the keys not revoked (api_keys_live_name). */
 export async function createApiKey(pool: pg.Pool, key: NewApiKey): Promise<ApiKey> {
   const { name, roles, secretHash, prefix, createdBy } = checkNewApiKey(key);
   try {
-    const { rows } = await pool.query<ApiKeyRow>(
+    const { rows } = await pool.query<Row>(
       `insert into asyncproc.api_keys as k (name, roles, secret_hash, prefix, created_by) values ($1, $2, $3, $4, $5)
-       returning ${API_KEY_COLUMNS}`,
+       returning ${COLUMNS}`,
       [name, roles, secretHash, prefix, createdBy],
     );
-    return toApiKey(rows[0]);
+    return toKey(rows[0]);
   } catch (error) {
     const { code, constraint } = error as { code?: string; constraint?: string };
     if (code === '23505') {
@@ -50,20 +28,20 @@ export async function createApiKey(pool: pg.Pool, key: NewApiKey): Promise<ApiKe
 
 /** Every key, revoked ones too, newest first. */
 export async function listApiKeys(pool: pg.Pool): Promise<ApiKey[]> {
-  const { rows } = await pool.query<ApiKeyRow>(`select ${API_KEY_COLUMNS} from asyncproc.api_keys k order by k.created_at desc, k.id`);
-  return rows.map(toApiKey);
+  const { rows } = await pool.query<Row>(`select ${COLUMNS} from asyncproc.api_keys k order by k.created_at desc, k.id`);
+  return rows.map(toKey);
 }
 
 /** Revoke once (a second revoke keeps the first time); NOT_FOUND for an id no key has. */
 export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
   const { rows } = isUuid(id)
-    ? await pool.query<ApiKeyRow>(
-        `update asyncproc.api_keys k set revoked_at = coalesce(k.revoked_at, now()) where k.id = $1::uuid returning ${API_KEY_COLUMNS}`,
+    ? await pool.query<Row>(
+        `update asyncproc.api_keys k set revoked_at = coalesce(k.revoked_at, now()) where k.id = $1::uuid returning ${COLUMNS}`,
         [id],
       )
     : { rows: [] };
   if (!rows[0]) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
-  return toApiKey(rows[0]);
+  return toKey(rows[0]);
 }
 
 /**
@@ -73,7 +51,7 @@ export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
  */
 export async function findApiKey(pool: pg.Pool, secretHash: string): Promise<ApiKey | null> {
   if (typeof secretHash !== 'string') return null;
-  const { rows } = await pool.query<ApiKeyRow>(
+  const { rows } = await pool.query<Row>(
     `with k as (select * from asyncproc.api_keys k where k.secret_hash = $1 and k.revoked_at is null),
           used as (update asyncproc.api_keys u set last_used_at = now()
                      from k
@@ -84,5 +62,5 @@ export async function findApiKey(pool: pg.Pool, secretHash: string): Promise<Api
        from k left join used on used.id = k.id`,
     [secretHash],
   );
-  return rows[0] ? toApiKey(rows[0]) : null;
+  return rows[0] ? toKey(rows[0]) : null;
 }
