@@ -23,6 +23,7 @@ const LANDED: Record<string, string> = {
   'mssql/0006_views.sql': 'b477d106454f5484b197cdb4c22ab94a30004a3ae1efdc09d8fca0abd9dc57c7',
   'mssql/0007_batches.sql': '480cb26f6bb071cdad547945c2c2692d4e841ef7f1a66f3c80a7bc3833dacdc2',
   'mssql/0008_cancel_batch.sql': 'a7162cbe4b4ffaaa3f3de2b371e488d9b6b9e7ad206bed933b368a7cf8fe158f',
+  'mssql/0009_identity.sql': '46d6dc3ee21e269b34f104a8aa24d3c02f1af6923c532927c922bab54e4b02d0',
 };
 
 describe('landed migrations', () => {
