@@ -21,6 +21,7 @@ function matches(filter: ExecutionFilter, execution: Execution): boolean {
   if (filter.status?.length && !filter.status.includes(execution.status)) return false;
   if (filter.procedure && filter.procedure !== execution.procedure) return false;
   if (filter.queue && filter.queue !== execution.queue) return false;
+  if (filter.submittedBy != null && filter.submittedBy !== execution.submittedBy) return false;
   return true;
 }
 

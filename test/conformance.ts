@@ -671,5 +671,165 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       const [narrow] = (await engine.listQueues(1)).filter((q) => q.name === queue);
       assert.deepEqual(narrow.recent, { succeeded: 0, failed: 0, cancelled: 0 }, 'outside a 1 s window');
     });
+
+    // Identity and access (issue 10): demo.noop is re-registered with roles and withdrawn
+    // here, and registered as installDemo leaves it again at the end of each test.
+    const restoreNoop = () => engine.registerProcedure('demo.noop');
+
+    it('procedure roles: a caller holding none of them (and not admin) is refused, enqueuing nothing, alone, in a transaction, in submit and in a batch', async () => {
+      const role = 'conformance.ops';
+      try {
+        const registered = await engine.registerProcedure('demo.noop', { roles: [role, 'reporting:read', role] });
+        assert.deepEqual(registered.roles, [role, 'reporting:read'], 'roles kept, once each');
+        assert.deepEqual((await engine.listProcedures()).find((p) => p.name === 'demo.noop')!.roles, [role, 'reporting:read']);
+        assert.deepEqual((await engine.listProcedures()).find((p) => p.name === 'demo.record')!.roles, [], 'none: any caller');
+
+        const noop = (callerRoles: string[] | null) => ({ procedure: 'demo.noop', arguments: {}, callerRoles });
+        for (const roles of [[], ['other'], ['ADMIN', 'Conformance.Ops'], ['admin ', ` ${role}`, `${role} `]]) {
+          await expectRefusal(noop(roles), 'FORBIDDEN', /demo\.noop/);
+        }
+        const tag = unique('forbidden');
+        const before = await engine.countExecutions({});
+        const record = { procedure: 'demo.record', arguments: { tag }, callerRoles: ['other'] };
+        await assert.rejects(submit([record, noop(['other'])]), isCode('FORBIDDEN'));
+        if (engine.submit) await assert.rejects(engine.submit([record, noop(['other'])]), isCode('FORBIDDEN'));
+        await assert.rejects(engine.submitBatch([[record], [noop(['other'])]]), isCode('FORBIDDEN'));
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        assert.equal(await engine.countExecutions({}), before, 'nothing enqueued');
+        assert.equal(await harness.ledgerCount(tag), 0, 'nothing ran');
+
+        // one of its roles, admin, or no check at all (null: SQL callers, auth off)
+        const allowed = await submit([noop([role]), noop(['other', 'reporting:read']), noop(['admin']), noop(null), { procedure: 'demo.noop', arguments: {} }]);
+        if (engine.submit) allowed.push(...(await engine.submit([noop(['admin']), { ...record, callerRoles: [] }])));
+        const batch = await engine.submitBatch([[noop([role])], [noop(['admin'])]]);
+        assert.ok((await finished(allowed.map((e) => e.token))).every((e) => e.status === 'SUCCEEDED'));
+        assert.equal((await batchEnded(batch.id)).status, 'SUCCEEDED');
+
+        // re-registering replaces the options: no roles now
+        assert.deepEqual((await engine.registerProcedure('demo.noop')).roles, []);
+        const [open] = await submit([noop(['other'])]);
+        assert.equal((await finished([open.token]))[0].status, 'SUCCEEDED');
+      } finally {
+        await restoreNoop();
+      }
+    });
+
+    it('procedure roles: a bad role name is refused and changes nothing', async () => {
+      try {
+        await engine.registerProcedure('demo.noop', { roles: ['keep'] });
+        for (const bad of ['', 'two words', 'x'.repeat(65), 'semi;colon', 'tab\t', 'é']) {
+          await assert.rejects(engine.registerProcedure('demo.noop', { roles: ['fine', bad] }), isCode('BAD_USER_INPUT'), JSON.stringify(bad));
+        }
+        assert.deepEqual((await engine.listProcedures()).find((p) => p.name === 'demo.noop')!.roles, ['keep']);
+      } finally {
+        await restoreNoop();
+      }
+    });
+
+    it('unregister: new calls are refused, executions already submitted still run and stay readable; unknown names are NOT_FOUND', async () => {
+      try {
+        const [waiting] = await submit([{ procedure: 'demo.noop', arguments: {}, runAt: new Date(Date.now() + 1500), submittedBy: 'unregister' }]);
+        const removed = await engine.unregisterProcedure('demo.noop');
+        assert.equal(removed.name, 'demo.noop');
+        assert.ok(!(await engine.listProcedures()).some((p) => p.name === 'demo.noop'), 'no longer listed');
+        await expectRefusal({ procedure: 'demo.noop', arguments: {} }, 'UNKNOWN_PROCEDURE');
+        await assert.rejects(engine.submitBatch([[{ procedure: 'demo.noop', arguments: {} }]]), isCode('UNKNOWN_PROCEDURE'));
+        await assert.rejects(engine.unregisterProcedure('demo.noop'), isCode('NOT_FOUND'));
+        await assert.rejects(engine.unregisterProcedure('demo.no-such-thing'), isCode('NOT_FOUND'));
+        const [done] = await finished([waiting.token]);
+        assert.equal(done.status, 'SUCCEEDED', 'submitted before: still runs');
+        assert.equal((await engine.listExecutions({ submittedBy: 'unregister', procedure: 'demo.noop' }, { first: 5 })).items[0]?.token, waiting.token);
+        // registered again: callable again
+        await restoreNoop();
+        const [again] = await submit([{ procedure: 'demo.noop', arguments: {} }]);
+        assert.equal((await finished([again.token]))[0].status, 'SUCCEEDED');
+      } finally {
+        await restoreNoop();
+      }
+    });
+
+    it('API keys: created with a hash only, found by it (use recorded at most once a minute), listed newest first, revoked for good', async () => {
+      const { createHash } = await import('node:crypto');
+      const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
+      const name = unique('key');
+      const secret = `apk_${unique('secret')}`;
+      const key = await engine.createApiKey({ name, roles: ['operator', 'ci.deploy'], secretHash: sha256(secret), prefix: secret.slice(0, 8), createdBy: 'conformance' });
+      assert.match(key.id, /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+      assert.deepEqual(
+        [key.name, key.roles, key.prefix, key.createdBy, key.lastUsedAt, key.revokedAt],
+        [name, ['operator', 'ci.deploy'], secret.slice(0, 8), 'conformance', null, null],
+      );
+      assert.ok(key.createdAt instanceof Date);
+      assert.ok(!Object.values(key).includes(sha256(secret)) && !Object.values(key).includes(secret), 'neither secret nor hash is handed back');
+
+      const found = await engine.findApiKey(sha256(secret));
+      assert.equal(found?.id, key.id);
+      assert.ok(found!.lastUsedAt instanceof Date, 'use recorded');
+      const again = await engine.findApiKey(sha256(secret));
+      assert.equal(again!.lastUsedAt!.getTime(), found!.lastUsedAt!.getTime(), 'not written again within a minute');
+      assert.equal((await engine.listApiKeys()).find((k) => k.id === key.id)!.lastUsedAt!.getTime(), found!.lastUsedAt!.getTime());
+      assert.equal(await engine.findApiKey(sha256(`${secret}x`)), null, 'unknown secret');
+
+      const count = (await engine.listApiKeys()).length;
+      const badKey = (over: object) => ({ name: unique('bad'), roles: [], secretHash: sha256(unique('s')), prefix: 'apk_bad', createdBy: null, ...over });
+      await assert.rejects(engine.createApiKey(badKey({ name })), isCode('BAD_USER_INPUT'), 'a live key has this name');
+      await assert.rejects(engine.createApiKey(badKey({ secretHash: sha256(secret) })), isCode('BAD_USER_INPUT'), 'secret in use');
+      for (const over of [{ name: '' }, { name: 'x'.repeat(129) }, { name: ` ${name}` }, { name: 'nul\u0000' }, { roles: ['bad role'] }, { secretHash: 'ABC' }, { secretHash: sha256('s').toUpperCase() }, { prefix: '' }]) {
+        await assert.rejects(engine.createApiKey(badKey(over)), isCode('BAD_USER_INPUT'), JSON.stringify(over));
+      }
+      assert.equal((await engine.listApiKeys()).length, count, 'nothing stored by a refusal');
+
+      await new Promise((resolve) => setTimeout(resolve, 20));
+      const newer = await engine.createApiKey(badKey({ name: unique('newer') }));
+      const listed = await engine.listApiKeys();
+      assert.ok(listed.findIndex((k) => k.id === newer.id) < listed.findIndex((k) => k.id === key.id), 'newest first');
+
+      const revoked = await engine.revokeApiKey(key.id);
+      assert.ok(revoked.revokedAt instanceof Date);
+      assert.equal(await engine.findApiKey(sha256(secret)), null, 'a revoked key is found no more');
+      assert.equal((await engine.listApiKeys()).find((k) => k.id === key.id)!.revokedAt!.getTime(), revoked.revokedAt!.getTime());
+      assert.equal((await engine.revokeApiKey(key.id)).revokedAt!.getTime(), revoked.revokedAt!.getTime(), 'revoking again changes nothing');
+      await assert.rejects(engine.revokeApiKey('00000000-0000-4000-8000-000000000000'), isCode('NOT_FOUND'));
+      await assert.rejects(engine.revokeApiKey('not-an-id'), isCode('NOT_FOUND'));
+      // the name of a revoked key may be taken again
+      const successor = await engine.createApiKey(badKey({ name }));
+      assert.equal((await engine.findApiKey(sha256(secret))), null);
+      assert.notEqual(successor.id, key.id);
+    });
+
+    it('ownership: list, count, the change feed and running filter by submittedBy, exactly', async () => {
+      const alice = unique('alice');
+      const bob = unique('bob');
+      const queue = unique('own');
+      await engine.configureQueue(queue, 4);
+      const position = await engine.currentPosition();
+      const mine = await submit([
+        { procedure: 'demo.sleep', arguments: { seconds: 1.5 }, queue, submittedBy: alice },
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: alice },
+      ]);
+      const theirs = await submit([
+        { procedure: 'demo.sleep', arguments: { seconds: 1.5 }, queue, submittedBy: bob },
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: alice.toUpperCase() },
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: `${alice} ` },
+      ]);
+      await waitFor(async () => (await engine.listRunning(queue, 100)).length === 2, 10_000, 'both sleeps to run');
+      assert.deepEqual((await engine.listRunning(queue, 100, alice)).map((r) => r.execution.token), [mine[0].token]);
+      assert.deepEqual((await engine.listRunning(null, 100, bob)).map((r) => r.execution.token), [theirs[0].token]);
+      assert.equal((await engine.listRunning(queue, 100, null)).length, 2, 'null: everyone');
+
+      const tokens = (executions: Execution[]) => executions.map((e) => e.token).sort();
+      await finished([...tokens(mine), ...tokens(theirs)]);
+      const page = await engine.listExecutions({ submittedBy: alice }, { first: 10 });
+      assert.deepEqual(tokens(page.items), tokens(mine));
+      assert.equal(await engine.countExecutions({ submittedBy: alice }), 2);
+      assert.equal(await engine.countExecutions({ submittedBy: alice, procedure: 'demo.add' }), 1);
+      assert.equal(await engine.countExecutions({ submittedBy: unique('nobody') }), 0);
+      assert.equal(await engine.countExecutions({ submittedBy: '' }), 0, 'an empty subject is not everyone');
+
+      const read = await engine.readChanges(position, { filter: { submittedBy: alice }, limit: 1000 });
+      assert.deepEqual(tokens(read.changes.map((c) => c.execution)), tokens(mine));
+      const all = await engine.readChanges(position, { filter: { queue }, limit: 1000 });
+      assert.equal(all.changes.length, 5);
+    });
   });
 }

@@ -14,6 +14,7 @@ const LANDED: Record<string, string> = {
   'postgres/0003_change_feed.sql': '62a78aac757c7ce137b2128d79227a76be959b905cf829ea3bd5619bb8be67fb',
   'postgres/0004_results.sql': '2d12aaa3eabb7c34ef2414bc74891f9f647a433cf7dd80a10bd50e4083bc8f14',
   'postgres/0005_permissions.sql': 'fc5d1b65aa66e7426723ab410465c06b6260195c224463a95d43af44474e25cb',
+  'postgres/0006_identity.sql': 'ad79918157bc4e7bb44b870e3406001ea948abca6cf98aa5f4f3a053b1c03b6a',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
@@ -22,6 +23,7 @@ const LANDED: Record<string, string> = {
   'mssql/0006_views.sql': 'b477d106454f5484b197cdb4c22ab94a30004a3ae1efdc09d8fca0abd9dc57c7',
   'mssql/0007_batches.sql': '480cb26f6bb071cdad547945c2c2692d4e841ef7f1a66f3c80a7bc3833dacdc2',
   'mssql/0008_cancel_batch.sql': 'a7162cbe4b4ffaaa3f3de2b371e488d9b6b9e7ad206bed933b368a7cf8fe158f',
+  'mssql/0009_identity.sql': '46d6dc3ee21e269b34f104a8aa24d3c02f1af6923c532927c922bab54e4b02d0',
 };
 
 describe('landed migrations', () => {

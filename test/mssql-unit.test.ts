@@ -13,8 +13,9 @@ import { splitBatches } from '../src/engines/mssql/batches.js';
 import { runCancel, type CancelRequestStatus, type CancelSteps } from '../src/engines/mssql/cancel.js';
 import { cancelBatch, runCancelBatch, type CancelBatchOutcome, type CancelBatchSteps } from '../src/engines/mssql/cancelBatch.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
+import { enqueue } from '../src/engines/mssql/invoke.js';
 import { checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
-import { listRunning, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
+import { countExecutions, listExecutions, listRunning, readChanges, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
 import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
 import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
 import { checkQueueSettings, checkRecentSeconds, configureQueue, toQueueInfo } from '../src/engines/mssql/procedures.js';
@@ -1286,5 +1287,99 @@ describe('mssql: cancelBatch (TypeScript)', () => {
       sql.Request.prototype.execute = originalExecute;
       sql.Request.prototype.query = originalQuery;
     }
+  });
+});
+
+describe('mssql: identity (0009_identity.sql)', () => {
+  /** Calls sql.Request makes while `fn` runs: the procedure or query text and the parameters, answered with nothing. */
+  async function requests(fn: () => Promise<unknown>): Promise<Array<{ text: string; params: Record<string, unknown> }>> {
+    const seen: Array<{ text: string; params: Record<string, unknown> }> = [];
+    const { execute, query } = sql.Request.prototype;
+    const record = function (this: sql.Request, text: string) {
+      const params = Object.fromEntries(Object.entries(this.parameters as Record<string, { value: unknown }>).map(([n, p]) => [n, p.value]));
+      seen.push({ text, params });
+      const recordset = text.includes('COUNT_BIG') ? [{ n: 0 }] : [];
+      return Promise.resolve({ recordset, recordsets: [[], [{ upto: Buffer.alloc(8) }]], output: { id: '1' } });
+    };
+    sql.Request.prototype.execute = record as unknown as typeof execute;
+    sql.Request.prototype.query = record as unknown as typeof query;
+    try {
+      await fn();
+    } finally {
+      sql.Request.prototype.execute = execute;
+      sql.Request.prototype.query = query;
+    }
+    return seen;
+  }
+  const current = async (name: string) => {
+    const found = (await currentProcedures()).get(name);
+    assert.ok(found, `some script creates ${name}`);
+    return { file: found.file, code: codeOnly(found.text) };
+  };
+
+  it('maps 50009 (the caller’s roles do not allow the procedure) to FORBIDDEN', () => {
+    const error = new sql.RequestError('no', 'EREQUEST');
+    error.number = 50009;
+    const mapped = mapDatabaseError(error);
+    assert.ok(mapped instanceof EngineError && mapped.code === 'FORBIDDEN');
+  });
+
+  it('passes the caller’s valid role names to usp_AsyncExecInvoke as a JSON array, and NULL (not checked) when there are none', async () => {
+    const tx = {} as sql.Transaction;
+    const seen = await requests(async () => {
+      await enqueue(tx, { procedure: 'demo.noop', arguments: {}, callerRoles: ['ops', 'admin ', 'ops', 'x y', 'reporting:read'] });
+      await enqueue(tx, { procedure: 'demo.noop', arguments: {}, callerRoles: [] });
+      await enqueue(tx, { procedure: 'demo.noop', arguments: {} });
+    });
+    assert.deepEqual(
+      seen.map((r) => [r.text, r.params.callerRoles]),
+      [
+        ['asyncexec.usp_AsyncExecInvoke', '["ops","reporting:read"]'],
+        ['asyncexec.usp_AsyncExecInvoke', '[]'],
+        ['asyncexec.usp_AsyncExecInvoke', null],
+      ],
+    );
+  });
+
+  it('refuses a withdrawn registration and checks the caller’s roles, exactly, before usp_AsyncExecInvoke writes anything', async () => {
+    const { file, code } = await current('usp_AsyncExecInvoke');
+    assert.equal(file, '0009_identity.sql', 'landed scripts never change');
+    assert.match(code, /WHERE r\.name = @procedure AND r\.unregistered_at IS NULL;/);
+    const forbidden = code.indexOf('THROW 50009');
+    assert.ok(forbidden > code.indexOf('THROW 50001') && forbidden < code.indexOf('BEGIN TRY'), 'after the registry lookup, before any write');
+    assert.match(code, /IF @callerRoles IS NOT NULL AND EXISTS \(SELECT 1 FROM OPENJSON\(@registeredRoles\)\)/);
+    assert.match(code, /c\.\[value\] COLLATE Latin1_General_BIN2 = r\.\[value\]\s+AND DATALENGTH\(c\.\[value\]\) = DATALENGTH\(r\.\[value\]\)/);
+    assert.match(code, /c\.\[value\] COLLATE Latin1_General_BIN2 = '\s+' AND DATALENGTH\(c\.\[value\]\) = DATALENGTH\('\s+'\)/, 'admin, exactly');
+    assert.ok(code.indexOf('ISJSON(@callerRoles) = 0') < code.indexOf('OPENJSON(@callerRoles)'), 'malformed roles are refused, not an OPENJSON error');
+  });
+
+  it('registers with roles, clearing a withdrawal; unregisters by marking the row (NOT_FOUND: 50006)', async () => {
+    const register = (await current('usp_AsyncExecRegister')).code;
+    assert.match(register, /roles = @roles, unregistered_at = NULL/);
+    assert.ok(register.indexOf('THROW 50005', register.indexOf('ISJSON(@roles)')) < register.indexOf('UPDATE asyncexec.AsyncExecProcedures'));
+    const { file, code } = await current('usp_AsyncExecUnregister');
+    assert.equal(file, '0009_identity.sql');
+    assert.match(code, /UPDATE asyncexec\.AsyncExecProcedures SET unregistered_at = SYSUTCDATETIME\(\)\s+WHERE name = @procedure AND unregistered_at IS NULL;\s+IF @@ROWCOUNT = 0/);
+    assert.doesNotMatch(code, /DELETE/, 'the row stays for the calls submitted before');
+  });
+
+  it('filters by submittedBy exactly (case and trailing blanks count, an empty subject is one) in every read', async () => {
+    const pool = {} as sql.ConnectionPool;
+    const exact = /e\.submitted_by = @submittedBy AND e\.submitted_by COLLATE Latin1_General_BIN2 = @submittedBy\s+AND DATALENGTH\(e\.submitted_by\) = DATALENGTH\(@submittedBy\)/;
+    for (const subject of ['alice', '']) {
+      const seen = await requests(async () => {
+        await listExecutions(pool, { submittedBy: subject }, { first: 5 });
+        await countExecutions(pool, { submittedBy: subject });
+        await readChanges(pool, { xmin: 1n, xmax: 1n, xip: [] }, { filter: { submittedBy: subject }, limit: 10 });
+        await listRunning(pool, null, 10, subject);
+      });
+      assert.equal(seen.length, 4);
+      for (const { text, params } of seen) {
+        assert.match(text, exact);
+        assert.equal(params.submittedBy, subject);
+      }
+    }
+    const unfiltered = await requests(() => listRunning(pool, null, 10, null));
+    assert.doesNotMatch(unfiltered[0].text, /submitted_by =/);
   });
 });

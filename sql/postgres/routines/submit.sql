@@ -1,3 +1,7 @@
+-- caller_roles: the roles of a caller the service has verified; a procedure registered with
+-- roles refuses (AP005) a caller holding none of them and not admin. null: not checked (SQL
+-- callers in their own transactions, the service with authentication off).
+drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer);
 create or replace function asyncproc.submit(
   procedure    text,
   arguments    jsonb default '{}',
@@ -7,7 +11,8 @@ create or replace function asyncproc.submit(
   submitted_by text default null,
   quiet        boolean default false,   -- true: the caller notifies after its commit
   in_batch     uuid default null,
-  in_stage     integer default null     -- 1-based; stages after the first are held
+  in_stage     integer default null,    -- 1-based; stages after the first are held
+  caller_roles text[] default null
 ) returns asyncproc.executions
 language plpgsql as $$
 declare
@@ -22,9 +27,13 @@ begin
   if jsonb_typeof(arguments) <> 'object' then
     raise exception 'arguments must be a JSON object keyed by parameter name' using errcode = 'AP002';
   end if;
-  select * into registered from asyncproc.procedures r where r.name = submit.procedure;
+  select * into registered from asyncproc.procedures r where r.name = submit.procedure and r.unregistered_at is null;
   if not found then
     raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001';
+  end if;
+  if caller_roles is not null and cardinality(registered.roles) > 0
+     and not (registered.roles && caller_roles or 'admin' = any(caller_roles)) then
+    raise exception 'the caller''s roles do not allow invoking "%"', registered.name using errcode = 'AP005';
   end if;
   routine := asyncproc.current_routine(registered.proc, registered.signature);
   if routine is null then

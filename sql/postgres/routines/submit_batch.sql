@@ -1,5 +1,5 @@
 -- Submit a batch: stages is a JSON array of stages, each an array of calls
--- ({procedure, arguments, queue, runAt, maxAttempts}). One transaction: all or none.
+-- ({procedure, arguments, queue, runAt, maxAttempts, callerRoles}). One transaction: all or none.
 -- Returns the executions in order (their batch_id is the batch). AP004: a malformed batch.
 create or replace function asyncproc.submit_batch(
   stages       jsonb,
@@ -30,7 +30,8 @@ begin
       select e.* from jsonb_array_elements(calls) with ordinality c (call, n),
              lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
                                       (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
-                                      submit_batch.submitted_by, quiet, new_batch, stage_no::integer) e
+                                      submit_batch.submitted_by, quiet, new_batch, stage_no::integer,
+                                      asyncproc.text_array(c.call -> 'callerRoles')) e
        order by c.n;
   end loop;
 end

@@ -6,7 +6,8 @@ import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
  * 0007_batches.sql and docs/mssql.md): 50001 UNKNOWN_PROCEDURE, 50002 INVALID_ARGUMENTS,
  * 50003 UNKNOWN_QUEUE, 50005 BAD_USER_INPUT (also a bad batch or stage: usp_AsyncExecInvoke,
  * usp_AsyncExecBatchCreate); usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED,
- * 50008 FORBIDDEN. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
+ * 50008 FORBIDDEN; usp_AsyncExecInvoke (0009_identity.sql): 50009 FORBIDDEN, the caller's roles
+ * do not allow the procedure. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
  * usp_AsyncExecCancelBatch (0008_cancel_batch.sql): they stay unmapped.
  */
 export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
@@ -17,6 +18,7 @@ export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
   50006: 'NOT_FOUND',
   50007: 'ALREADY_FINISHED',
   50008: 'FORBIDDEN',
+  50009: 'FORBIDDEN',
 };
 
 /** The SQL Server error number of a driver error, if it carries one. */

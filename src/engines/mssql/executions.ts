@@ -119,7 +119,19 @@ function where(req: sql.Request, filter: ExecutionFilter): string[] {
     req.input('queue', sql.NVarChar(4000), filter.queue);
     conditions.push('e.queue = @queue');
   }
+  if (filter.submittedBy != null) conditions.push(submittedByIs(req, filter.submittedBy));
   return conditions;
+}
+
+/**
+ * Exactly this subject (an empty one too, never "everyone"): = under the column's collation
+ * finds the rows by IX_AsyncExecResults_submitted_by; a binary collation then makes case count
+ * and equal DATALENGTH makes trailing blanks count, which = ignores (KB 316626).
+ */
+function submittedByIs(req: sql.Request, submittedBy: string): string {
+  req.input('submittedBy', sql.NVarChar(4000), submittedBy);
+  return `(e.submitted_by = @submittedBy AND e.submitted_by COLLATE Latin1_General_BIN2 = @submittedBy
+           AND DATALENGTH(e.submitted_by) = DATALENGTH(@submittedBy))`;
 }
 
 const clause = (conditions: string[]) => (conditions.length ? `WHERE ${conditions.join(' AND ')}` : '');
@@ -261,15 +273,21 @@ function listSize(limit: number): number {
  * RUNNING executions (of one queue, or all), longest-running first. The elapsed time is
  * the database's: started_at is set from SYSUTCDATETIME() by the claim, and so is "now" here.
  */
-export async function listRunning(db: Queryable, queue: string | null, limit: number): Promise<RunningExecution[]> {
+export async function listRunning(
+  db: Queryable,
+  queue: string | null,
+  limit: number,
+  submittedBy: string | null = null,
+): Promise<RunningExecution[]> {
   const take = listSize(limit);
   const req = request(db);
   req.input('take', sql.Int, take);
   req.input('queue', sql.NVarChar(4000), queue ?? null);
+  const mine = submittedBy == null ? '' : `AND ${submittedByIs(req, submittedBy)}`;
   const result = await req.query<ExecutionRow & { elapsed_ms: string | number | null }>(
     `SELECT TOP (@take) ${EXECUTION_COLUMNS}, DATEDIFF_BIG(millisecond, e.started_at, SYSUTCDATETIME()) AS elapsed_ms
        FROM asyncexec.AsyncExecResults AS e
-      WHERE e.status = 'RUNNING' AND (@queue IS NULL OR e.queue = @queue)
+      WHERE e.status = 'RUNNING' AND (@queue IS NULL OR e.queue = @queue) ${mine}
       ORDER BY e.started_at, e.id`,
   );
   // bigint arrives as text from the driver

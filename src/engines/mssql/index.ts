@@ -14,6 +14,7 @@ import {
   type ExecutionPage,
   type InvokeCall,
   type ListenerSink,
+  type NewApiKey,
   type PageRequest,
   type Procedure,
   type QueueInfo,
@@ -39,8 +40,10 @@ import {
   listProcedures,
   listQueues,
   registerProcedure,
+  unregisterProcedure,
   type MssqlRegisterOptions,
 } from './procedures.js';
+import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
 
 export interface MssqlEngineOptions {
@@ -153,13 +156,29 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   registerProcedure(name: string, options?: MssqlRegisterOptions): Promise<Procedure> {
     return registerProcedure(this.pool, name, options);
   }
+  /** usp_AsyncExecUnregister: the row stays, marked, so calls submitted before still run. */
+  unregisterProcedure(name: string): Promise<Procedure> {
+    return unregisterProcedure(this.pool, name);
+  }
+  createApiKey(key: NewApiKey) {
+    return createApiKey(this.pool, key);
+  }
+  listApiKeys() {
+    return listApiKeys(this.pool);
+  }
+  revokeApiKey(id: string) {
+    return revokeApiKey(this.pool, id);
+  }
+  findApiKey(secretHash: string) {
+    return findApiKey(this.pool, secretHash);
+  }
   /** Every queue with its counts; `recent` covers the last `recentSeconds` (default 3600). */
   listQueues(recentSeconds?: number): Promise<QueueInfo[]> {
     return listQueues(this.pool, recentSeconds);
   }
   /** RUNNING executions, longest-running first, with elapsed time by the server's clock. */
-  listRunning(queue: string | null, limit: number): Promise<RunningExecution[]> {
-    return listRunning(this.pool, queue, limit);
+  listRunning(queue: string | null, limit: number, submittedBy?: string | null): Promise<RunningExecution[]> {
+    return listRunning(this.pool, queue, limit, submittedBy);
   }
   /**
    * One transaction, all or none: the batch row, stage 1 enqueued, later stages held; the

@@ -1,5 +1,6 @@
 import sql from 'mssql';
 import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { getExecutionsById } from './executions.js';
 import { encodeArguments } from './types.js';
@@ -40,6 +41,8 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
   request.input('submittedBy', sql.NVarChar(256), call.submittedBy ?? null);
   request.input('batchId', sql.UniqueIdentifier, placement?.batchId ?? null);
   request.input('stage', sql.Int, placement?.stage ?? null);
+  const roles = callerRoles(call.callerRoles);
+  request.input('callerRoles', sql.NVarChar(sql.MAX), roles && JSON.stringify(roles));
   request.output('token', sql.UniqueIdentifier);
   request.output('id', sql.BigInt);
   try {

@@ -1,5 +1,6 @@
 import sql from 'mssql';
 import { EngineError, type Procedure, type QueueInfo, type RegisterOptions } from '../../engine.js';
+import { checkRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { parameterMode } from './types.js';
 
@@ -16,6 +17,8 @@ interface ProcedureRow {
   queue: string;
   max_attempts: number;
   timeout_ms: number | null;
+  /** JSON array. */
+  roles: string;
   position: number | null;
   parameter: string | null;
   type_text: string | null;
@@ -27,18 +30,25 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
   const request = pool.request();
   request.input('only', sql.NVarChar(261), only ?? null);
   const result = await request.query<ProcedureRow>(
-    `SELECT r.name, r.queue, r.max_attempts, r.timeout_ms,
+    `SELECT r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles,
             p.position, p.name AS parameter, p.type_text, p.is_output, p.has_default
        FROM asyncexec.AsyncExecProcedures AS r
        LEFT JOIN asyncexec.AsyncExecParameters AS p ON p.[procedure] = r.name
-      WHERE @only IS NULL OR r.name = @only
+      WHERE r.unregistered_at IS NULL AND (@only IS NULL OR r.name = @only)
       ORDER BY r.name, p.position`,
   );
   const byName = new Map<string, Procedure>();
   for (const row of result.recordset) {
     let procedure = byName.get(row.name);
     if (!procedure) {
-      procedure = { name: row.name, parameters: [], queue: row.queue, maxAttempts: row.max_attempts, timeoutMs: row.timeout_ms };
+      procedure = {
+        name: row.name,
+        parameters: [],
+        queue: row.queue,
+        maxAttempts: row.max_attempts,
+        timeoutMs: row.timeout_ms,
+        roles: JSON.parse(row.roles) as string[],
+      };
       byName.set(row.name, procedure);
     }
     if (row.parameter !== null && row.position !== null) {
@@ -55,12 +65,14 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
 }
 
 export async function registerProcedure(pool: sql.ConnectionPool, name: string, options: MssqlRegisterOptions = {}): Promise<Procedure> {
+  const roles = checkRoles(options.roles);
   const request = pool.request();
   request.input('procedure', sql.NVarChar(261), name);
   request.input('queue', sql.NVarChar(100), options.queue ?? 'default');
   request.input('maxAttempts', sql.Int, options.maxAttempts ?? 1);
   request.input('timeoutMs', sql.Int, options.timeoutMs ?? null);
   request.input('optionalParameters', sql.NVarChar(sql.MAX), options.optionalParameters ? JSON.stringify(options.optionalParameters) : null);
+  request.input('roles', sql.NVarChar(sql.MAX), JSON.stringify(roles));
   let registered: string;
   try {
     const result = await request.execute<{ name: string }>('asyncexec.usp_AsyncExecRegister');
@@ -70,6 +82,19 @@ export async function registerProcedure(pool: sql.ConnectionPool, name: string, 
   }
   const [procedure] = await listProcedures(pool, registered);
   if (!procedure) throw new EngineError('NOT_FOUND', `procedure ${registered} vanished after registration`);
+  return procedure;
+}
+
+/** Withdraw a registration by its registered name (usp_AsyncExecUnregister); returns it as it was. NOT_FOUND when not registered. */
+export async function unregisterProcedure(pool: sql.ConnectionPool, name: string): Promise<Procedure> {
+  // sized parameter, and trailing blanks compare equal in T-SQL: such a name is registered nowhere
+  const [procedure] = typeof name === 'string' && name.length <= 261 && name === name.trim() ? await listProcedures(pool, name) : [];
+  if (!procedure) throw new EngineError('NOT_FOUND', `procedure "${String(name)}" is not registered`);
+  try {
+    await pool.request().input('procedure', sql.NVarChar(261), procedure.name).execute('asyncexec.usp_AsyncExecUnregister');
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
   return procedure;
 }
 

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { EngineError, isUuid, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
-import { checkArguments } from './invoke.js';
+import { callsAsJson, checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
 /** Shape checks that need no database (the database repeats them for plain-SQL callers). */
@@ -23,7 +23,7 @@ export async function submitBatch(
   try {
     const { rows } = await pool.query<ExecutionRow>(
       `select ${EXECUTION_COLUMNS} from asyncproc.submit_batch($1::jsonb, $2, $3, true) e`,
-      [JSON.stringify(stages), options.onFailure ?? 'CANCEL', options.submittedBy ?? null],
+      [JSON.stringify(stages.map(callsAsJson)), options.onFailure ?? 'CANCEL', options.submittedBy ?? null],
     );
     return rows.map(toExecution);
   } catch (error) {

@@ -9,6 +9,7 @@ import type {
   Execution,
   InvokeCall,
   ListenerSink,
+  NewApiKey,
   RegisterOptions,
   SubmitBatchOptions,
 } from '../../engine.js';
@@ -24,7 +25,8 @@ import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate } from './migrator.js';
-import { listProcedures, registerProcedure } from './procedures.js';
+import { listProcedures, registerProcedure, unregisterProcedure } from './procedures.js';
+import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { configureQueue, listQueues, listRunning } from './queues.js';
 import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
@@ -173,11 +175,26 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   registerProcedure(name: string, options?: RegisterOptions) {
     return registerProcedure(this.pool, name, options);
   }
+  unregisterProcedure(name: string) {
+    return unregisterProcedure(this.pool, name);
+  }
+  createApiKey(key: NewApiKey) {
+    return createApiKey(this.pool, key);
+  }
+  listApiKeys() {
+    return listApiKeys(this.pool);
+  }
+  revokeApiKey(id: string) {
+    return revokeApiKey(this.pool, id);
+  }
+  findApiKey(secretHash: string) {
+    return findApiKey(this.pool, secretHash);
+  }
   listQueues(recentSeconds?: number) {
     return listQueues(this.pool, recentSeconds);
   }
-  listRunning(queue: string | null, limit: number) {
-    return listRunning(this.pool, queue, limit);
+  listRunning(queue: string | null, limit: number, submittedBy?: string | null) {
+    return listRunning(this.pool, queue, limit, submittedBy);
   }
   configureQueue(name: string, concurrency: number) {
     return configureQueue(this.pool, name, concurrency);

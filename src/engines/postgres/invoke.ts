@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
@@ -20,7 +21,7 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
   checkArguments(call);
   try {
     const { rows } = await tx.query<ExecutionRow>(
-      `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7) e`,
+      `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[]) e`,
       [
         call.procedure,
         JSON.stringify(call.arguments),
@@ -29,12 +30,18 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
         call.maxAttempts ?? null,
         call.submittedBy ?? null,
         quiet,
+        callerRoles(call.callerRoles),
       ],
     );
     return toExecution(rows[0]);
   } catch (error) {
     throw mapDatabaseError(error);
   }
+}
+
+/** Calls as the database reads them from JSON (submitMany, submit_batch): caller roles checked here. */
+export function callsAsJson(calls: readonly InvokeCall[]): InvokeCall[] {
+  return calls.map((call) => ({ ...call, callerRoles: callerRoles(call.callerRoles) }));
 }
 
 /** All calls in one statement (so one transaction, one round trip): all or none, in order. */
@@ -46,9 +53,10 @@ export async function submitMany(pool: pg.Pool, calls: readonly InvokeCall[]): P
          from jsonb_array_elements($1::jsonb) with ordinality c (call, n),
               lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
                                        (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
-                                       c.call ->> 'submittedBy', true) e
+                                       c.call ->> 'submittedBy', true,
+                                       caller_roles => asyncproc.text_array(c.call -> 'callerRoles')) e
         order by c.n`,
-      [JSON.stringify(calls)],
+      [JSON.stringify(callsAsJson(calls))],
     );
     return rows.map(toExecution);
   } catch (error) {

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { EngineError, type ParameterMode, type Procedure, type RegisterOptions } from '../../engine.js';
+import { checkRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 
 interface ProcedureRow {
@@ -7,35 +8,42 @@ interface ProcedureRow {
   queue: string;
   max_attempts: number;
   timeout_ms: number | null;
+  roles: string[];
   parameters: { name: string; type: string; mode: ParameterMode; hasDefault: boolean; position: number }[];
 }
 
-export async function listProcedures(pool: pg.Pool): Promise<Procedure[]> {
+/** Registered procedures (or only the one named), by name. */
+export async function listProcedures(pool: pg.Pool, only: string | null = null): Promise<Procedure[]> {
   const { rows } = await pool.query<ProcedureRow>(
-    `select r.name, r.queue, r.max_attempts, r.timeout_ms,
+    `select r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles,
             coalesce((select jsonb_agg(jsonb_build_object('name', p.name, 'type', p.type_name, 'mode', p.mode,
                                                           'hasDefault', p.has_default, 'position', p.position)
                                        order by p.position)
                         from asyncproc.parameters p
                        where p.proc = asyncproc.current_routine(r.proc, r.signature) and p.mode <> 'TABLE'), '[]') as parameters
-       from asyncproc.procedures r order by r.name`,
+       from asyncproc.procedures r
+      where r.unregistered_at is null and ($1::text is null or r.name = $1)
+      order by r.name`,
+    [only],
   );
   return rows.map((r) => ({
     name: r.name,
     queue: r.queue,
     maxAttempts: r.max_attempts,
     timeoutMs: r.timeout_ms,
+    roles: r.roles,
     parameters: r.parameters,
   }));
 }
 
 /** Register a routine; `name` is a signature (`demo.add(integer, integer, integer)`) or an unambiguous name. */
 export async function registerProcedure(pool: pg.Pool, name: string, options: RegisterOptions = {}): Promise<Procedure> {
+  const roles = checkRoles(options.roles);
   let registered: string;
   try {
     const { rows } = await pool.query<{ name: string }>(
-      `select asyncproc.register(coalesce(to_regprocedure($1), to_regproc($1)::oid::regprocedure), $2, $3, $4) as name`,
-      [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null],
+      `select asyncproc.register(coalesce(to_regprocedure($1), to_regproc($1)::oid::regprocedure), $2, $3, $4, $5::text[]) as name`,
+      [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null, roles],
     );
     registered = rows[0]?.name;
   } catch (error) {
@@ -49,7 +57,19 @@ export async function registerProcedure(pool: pg.Pool, name: string, options: Re
     throw mapped;
   }
   if (!registered) throw new EngineError('UNKNOWN_PROCEDURE', `no routine "${name}" in the database`);
-  const found = (await listProcedures(pool)).find((p) => p.name === registered);
+  const [found] = await listProcedures(pool, registered);
   if (!found) throw new EngineError('UNKNOWN_PROCEDURE', `no routine "${name}" in the database`);
+  return found;
+}
+
+/** Withdraw a registration by its registered name; returns it as it was. NOT_FOUND when not registered. */
+export async function unregisterProcedure(pool: pg.Pool, name: string): Promise<Procedure> {
+  const [found] = await listProcedures(pool, name);
+  try {
+    await pool.query('select asyncproc.unregister($1)', [name]);
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
+  if (!found) throw new EngineError('NOT_FOUND', `procedure "${name}" is not registered`);
   return found;
 }

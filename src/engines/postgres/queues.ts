@@ -64,14 +64,19 @@ export async function configureQueue(pool: pg.Pool, name: string, concurrency: n
 }
 
 /** What runs now, longest first; elapsed by the database's clock (the one started_at was taken from). */
-export async function listRunning(pool: pg.Pool, queue: string | null, limit: number): Promise<RunningExecution[]> {
+export async function listRunning(
+  pool: pg.Pool,
+  queue: string | null,
+  limit: number,
+  submittedBy: string | null = null,
+): Promise<RunningExecution[]> {
   const { rows } = await pool.query<ExecutionRow & { elapsed_ms: string }>(
     `select ${EXECUTION_COLUMNS}, (extract(epoch from clock_timestamp() - e.started_at) * 1000)::bigint as elapsed_ms
        from asyncproc.executions e
-      where e.status = 'RUNNING' and ($1::text is null or e.queue = $1)
+      where e.status = 'RUNNING' and ($1::text is null or e.queue = $1) and ($3::text is null or e.submitted_by = $3)
       order by e.started_at, e.id
       limit $2`,
-    [queue, limit],
+    [queue, limit, submittedBy],
   );
   return rows.map((row) => ({ execution: toExecution(row), elapsedMs: Number(row.elapsed_ms) }));
 }

@@ -101,5 +101,10 @@ export function filterSql(filter: ExecutionFilter, offset = 0): { where: string;
     params.push(filter.queue);
     clauses.push(`e.queue = $${offset + params.length}`);
   }
+  // != null, not truthiness: an empty subject is a subject, never "everyone's"
+  if (filter.submittedBy != null) {
+    params.push(filter.submittedBy);
+    clauses.push(`e.submitted_by = $${offset + params.length}`);
+  }
   return { where: clauses.length ? clauses.join(' and ') : 'true', params };
 }
