@@ -82,8 +82,8 @@ describe('query cost: depth, aliases, tokens, directives, cost', () => {
   before(async () => {
     const { body } = await t.gql(`mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }, { procedure: "demo.noop" }]] }) { batch { id } } }`);
     const id = body.data.submitBatch.batch.id;
-    const read = await t.gql(`query($id: ID!) { batch(id: $id) { executions { token } } }`, { id });
-    token = read.body.data.batch.executions[0].token;
+    const read = await t.gql(`query($id: ID!) { batch(id: $id) { executions { nodes { token } } } }`, { id });
+    token = read.body.data.batch.executions.nodes[0].token;
   });
 
   it('a 44-level query through Execution.batch → Batch.executions is refused in milliseconds (HTTP, graphql-ws, SSE)', async () => {
@@ -139,7 +139,7 @@ describe('query cost: depth, aliases, tokens, directives, cost', () => {
   });
 
   it('ordinary queries pass: a page of executions with their batches, introspection', async () => {
-    const { body } = await t.gql(`{ executions(first: 50) { totalCount edges { cursor node { token status batch { id executions { token status } } history { number status } } } } }`);
+    const { body } = await t.gql(`{ executions(first: 50) { totalCount edges { cursor node { token status batch { id executions(first: 10) { nodes { token status } } } history { number status } } } } }`);
     assert.equal(body.errors, undefined, JSON.stringify(body.errors));
     const introspection = await t.gql(`{ __schema { types { name fields { name type { name ofType { name ofType { name ofType { name } } } } } } } }`);
     assert.equal(introspection.body.errors, undefined, JSON.stringify(introspection.body.errors));
