@@ -812,7 +812,13 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: alice.toUpperCase() },
         { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: `${alice} ` },
       ]);
-      await waitFor(async () => (await engine.listRunning(queue, 100)).length === 2, 10_000, 'both sleeps to run');
+      // only the two sleeps run a while: wait until nothing else is running (the adds end in milliseconds)
+      const sleeps = [mine[0].token, theirs[0].token].sort();
+      await waitFor(
+        async () => JSON.stringify((await engine.listRunning(queue, 100)).map((r) => r.execution.token).sort()) === JSON.stringify(sleeps),
+        10_000,
+        'both sleeps, and only they, to run',
+      );
       assert.deepEqual((await engine.listRunning(queue, 100, alice)).map((r) => r.execution.token), [mine[0].token]);
       assert.deepEqual((await engine.listRunning(null, 100, bob)).map((r) => r.execution.token), [theirs[0].token]);
       assert.equal((await engine.listRunning(queue, 100, null)).length, 2, 'null: everyone');

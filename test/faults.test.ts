@@ -39,7 +39,7 @@ after(async () => {
 function cli(command: 'worker' | 'serve', env: Record<string, string> = {}): ChildProcess {
   const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', command], {
     cwd: ROOT,
-    env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ...env },
+    env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none', ...env },
     stdio: ['ignore', 'ignore', 'inherit'],
   });
   return child;
