@@ -6,6 +6,7 @@ import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer } from 'ws';
 import type { CompletionHub } from './completionHub.js';
 import { EngineError, type Engine } from './engine.js';
+import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
 
@@ -55,6 +56,7 @@ export function createYogaApp(options: ServerOptions) {
     graphqlEndpoint: '/graphql',
     landingPage: false,
     graphiql: options.graphiql === false ? false : { title: 'asyncproc', subscriptionsProtocol: 'WS' },
+    renderGraphiQL,
     logging: {
       debug: (...args) => logger.debug(args.join(' ')),
       info: (...args) => logger.info(args.join(' ')),
@@ -82,7 +84,7 @@ export function createYogaApp(options: ServerOptions) {
         return maskError(error, message, isDev);
       },
     },
-    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024)],
+    plugins: [useBodyLimit(options.maxBodyBytes ?? 1024 * 1024), useGraphiQLAssets(options.graphiql !== false)],
   });
 }
 
