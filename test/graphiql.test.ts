@@ -48,11 +48,18 @@ async function openGraphiQL(): Promise<GraphiQLPage> {
     opened.requested.push(socket.url());
     socket.on('framesent', (frame) => opened.wsSent.push(JSON.parse(String(frame.payload))));
   });
-  await context.route('**/*', (route) =>
-    new URL(route.request().url()).origin === origin ? route.continue() : route.abort('internetdisconnected'),
-  );
+  let refused: (url: string) => void;
+  const leftTheService = new Promise<never>((_, reject) => {
+    refused = (url) => reject(new Error(`GraphiQL requested ${url}, which is not the service (refused, as offline)`));
+  });
+  await context.route('**/*', (route) => {
+    if (new URL(route.request().url()).origin === origin) return route.continue();
+    refused(route.request().url());
+    return route.abort('internetdisconnected');
+  });
   await page.goto(t.url, { timeout: 60_000 });
-  await page.locator(QUERY_EDITOR).waitFor({ timeout: 60_000 });
+  // fail at the first request that leaves the service, not after a minute of "Loading…"
+  await Promise.race([page.locator(QUERY_EDITOR).waitFor({ timeout: 60_000 }), leftTheService]);
   return opened;
 }
 
