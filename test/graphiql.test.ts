@@ -52,6 +52,7 @@ async function openGraphiQL(): Promise<GraphiQLPage> {
   const leftTheService = new Promise<never>((_, reject) => {
     refused = (url) => reject(new Error(`GraphiQL requested ${url}, which is not the service (refused, as offline)`));
   });
+  leftTheService.catch(() => {}); // may reject during goto, before the race below awaits it
   await context.route('**/*', (route) => {
     if (new URL(route.request().url()).origin === origin) return route.continue();
     refused(route.request().url());
