@@ -16,6 +16,7 @@ import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
+import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
 import { createLoaders } from './schema/loaders.js';
@@ -77,11 +78,13 @@ export function createYogaApp(options: ServerOptions) {
   const { engine, hub, limits, logger, auth } = options;
   const open = !options.authRequired;
   const suggestions = options.suggestions ?? open;
+  const graphiql = options.graphiql ?? open;
   return createYoga<ServerContext, Context>({
     schema,
     graphqlEndpoint: '/graphql',
     landingPage: false,
-    graphiql: (options.graphiql ?? open) ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
+    graphiql: graphiql ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
+    renderGraphiQL,
     cors: corsOptions(options.corsOrigins, !open),
     logging: {
       debug: (...args) => logger.debug(args.join(' ')),
@@ -122,6 +125,8 @@ export function createYogaApp(options: ServerOptions) {
     },
     plugins: [
       useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
+      // GraphiQL's own files: plain GETs from the page, served before the checks GraphQL requests get
+      useGraphiQLAssets(graphiql),
       useCrossSiteRequestPrevention(),
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
