@@ -5,6 +5,7 @@
  * that it exists; roles gate the admin mutations and each procedure's calls.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
@@ -23,6 +24,7 @@ const AUDIENCE = 'asyncproc-test';
 
 let cluster: TestCluster;
 let t: TestApp;
+let databaseUrl: string;
 
 /** A token as the configured issuer would sign it; `claims` override the defaults. */
 function token(sub: string | undefined, roles: string[] = [], claims: JWTPayload & { expiresIn?: string } = {}, secret = SECRET) {
@@ -40,7 +42,8 @@ let admin: Record<string, string>;
 
 before(async () => {
   cluster = await startTestCluster();
-  t = await startTestApp(await cluster.createDatabase(), {
+  databaseUrl = await cluster.createDatabase();
+  t = await startTestApp(databaseUrl, {
     ASYNCPROC_JWT_SECRET: SECRET,
     ASYNCPROC_JWT_ISSUER: ISSUER,
     ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
@@ -345,6 +348,28 @@ describe('API keys', () => {
     await refused(() => t.gql(`{ procedures { name } }`, {}, { authorization: `ApiKey ${secret}` }), 'UNAUTHENTICATED', 401);
     await refused(() => t.gql(`{ procedures { name } }`, {}, { authorization: `ApiKey apk_${'x'.repeat(43)}` }), 'UNAUTHENTICATED', 401);
     assert.equal((await wsInit({ Authorization: `ApiKey ${secret}` })).code, 4403, 'a revoked key opens no socket');
+  });
+});
+
+describe('api-key command', () => {
+  it('makes the first admin key from the command line; list shows it; revoke stops it', async () => {
+    const cli = (...args: string[]) => {
+      const run = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'api-key', ...args], {
+        cwd: new URL('..', import.meta.url).pathname,
+        env: { ...process.env, DATABASE_URL: databaseUrl, ASYNCPROC_AUTH: 'required' },
+        encoding: 'utf8',
+      });
+      assert.equal(run.status, 0, run.stderr);
+      return run.stdout.trim();
+    };
+    const secret = cli('create', '--name', 'first-admin', '--roles', 'admin');
+    assert.match(secret, /^apk_[A-Za-z0-9_-]{43}$/);
+    const keys = await t.gql(`{ apiKeys { id name roles } }`, {}, { authorization: `ApiKey ${secret}` });
+    const key = keys.body.data.apiKeys.find((k: { name: string }) => k.name === 'first-admin');
+    assert.deepEqual(key.roles, ['admin'], 'the key works, as an admin');
+    assert.match(cli('list'), /first-admin\s+roles=admin/);
+    assert.match(cli('revoke', key.id), /REVOKED/);
+    await refused(() => t.gql(`{ apiKeys { id } }`, {}, { authorization: `ApiKey ${secret}` }), 'UNAUTHENTICATED', 401);
   });
 });
 
