@@ -160,9 +160,36 @@ describe('running calls', () => {
     await assert.rejects(engine.registerProcedure('pgtest.nothing'), (e: any) => e.code === 'UNKNOWN_PROCEDURE');
     await sql.query(`create function pgtest.over(a int) returns int language sql as 'select a';
                      create function pgtest.over(a text) returns text language sql as 'select a';`);
-    await assert.rejects(engine.registerProcedure('pgtest.over'), (e: any) => e.code === 'UNKNOWN_PROCEDURE' || e.code === 'BAD_USER_INPUT');
+    await assert.rejects(engine.registerProcedure('pgtest.over'), (e: any) => {
+      assert.equal(e.code, 'BAD_USER_INPUT');
+      assert.match(e.message, /overloaded: give one of its signatures: pgtest\.over\(integer\), pgtest\.over\(text\)/);
+      return true;
+    });
     const registered = await engine.registerProcedure('pgtest.over(text)');
     assert.equal(registered.parameters[0].type, 'text');
+  });
+
+  it('SQL registration by bare name; the signature rule and unqualified names are explained; unregister in SQL', async () => {
+    await sql.query(`create procedure pgtest.nap(a int, out b int) language plpgsql as $$ begin b := a; end $$;
+                     create procedure public.solo_public() language plpgsql as $$ begin end $$;`);
+    const name = async (text: string) => (await sql.query(`select asyncproc.register($1) as name`, [text])).rows[0].name;
+    assert.equal(await name('pgtest.nap'), 'pgtest.nap', 'a bare name with one routine is enough');
+    await assert.rejects(sql.query(`select asyncproc.register('pgtest.nap(int, int)')`), (e: any) => {
+      assert.equal(e.code, 'AP001');
+      assert.match(e.hint, /pgtest\.nap\(integer\)/);
+      assert.match(e.hint, /OUT parameters are not part of it/);
+      return true;
+    });
+    assert.equal(await name('pgtest.nap(integer)'), 'pgtest.nap');
+    assert.equal(await name('solo_public'), 'public.solo_public', 'an unqualified name is found along search_path');
+    await assert.rejects(engine.registerProcedure('not_there_at_all'), (e: any) => e.code === 'UNKNOWN_PROCEDURE' && /qualify it with its schema/.test(e.message));
+    await assert.rejects(run('solo_public', {}), (e: any) => {
+      assert.equal(e.code, 'UNKNOWN_PROCEDURE');
+      assert.match(e.message, /did you mean public\.solo_public\?/);
+      return true;
+    });
+    assert.equal((await sql.query(`select asyncproc.unregister('public.solo_public') as name`)).rows[0].name, 'public.solo_public');
+    await assert.rejects(run('public.solo_public', {}), (e: any) => e.code === 'UNKNOWN_PROCEDURE');
   });
 });
 

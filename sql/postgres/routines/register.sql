@@ -17,3 +17,13 @@ language sql as $$
          unregistered_at = null
   returning name
 $$;
+
+-- The same by name: a signature or a bare name, as asyncproc.resolve_routine reads it
+-- (`select asyncproc.register('billing.charge_order')` when it has no overloads).
+create or replace function asyncproc.register(
+  routine text, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null,
+  roles text[] default '{}'
+) returns text
+language sql as $$
+  select asyncproc.register(asyncproc.resolve_routine(routine), queue, max_attempts, timeout_ms, roles)
+$$;

@@ -29,7 +29,12 @@ begin
   end if;
   select * into registered from asyncproc.procedures r where r.name = submit.procedure and r.unregistered_at is null;
   if not found then
-    raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001';
+    -- registered names are schema-qualified: name the ones a bare name may have meant
+    raise exception 'procedure "%" is not registered', submit.procedure using errcode = 'AP001',
+      hint = (select coalesce('Registered names are schema-qualified: did you mean ' || string_agg(r.name, ' or ' order by r.name) || '?', '')
+                from asyncproc.procedures r
+               where r.unregistered_at is null and position('.' in submit.procedure) = 0
+                 and r.name like '%.' || replace(replace(replace(submit.procedure, '\', '\\'), '_', '\_'), '%', '\%'));
   end if;
   if caller_roles is not null and cardinality(registered.roles) > 0
      and not (registered.roles && caller_roles or 'admin' = any(caller_roles)) then

@@ -41,20 +41,17 @@ export async function registerProcedure(pool: pg.Pool, name: string, options: Re
   const roles = checkRoles(options.roles);
   let registered: string;
   try {
+    // by name or signature, resolved in the database (asyncproc.resolve_routine), so SQL callers get the same rules
     const { rows } = await pool.query<{ name: string }>(
-      `select asyncproc.register(coalesce(to_regprocedure($1), to_regproc($1)::oid::regprocedure), $2, $3, $4, $5::text[]) as name`,
+      `select asyncproc.register($1::text, $2, $3, $4, $5::text[]) as name`,
       [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null, roles],
     );
     registered = rows[0]?.name;
   } catch (error) {
-    const mapped = mapDatabaseError(error);
-    if ((error as { code?: string }).code === '42725') {
-      throw new EngineError('BAD_USER_INPUT', `"${name}" is overloaded: give its signature`, { cause: error });
-    }
     if ((error as { code?: string }).code === '23503') {
       throw new EngineError('UNKNOWN_QUEUE', `queue "${options.queue}" does not exist`, { cause: error });
     }
-    throw mapped;
+    throw mapDatabaseError(error);
   }
   if (!registered) throw new EngineError('UNKNOWN_PROCEDURE', `no routine "${name}" in the database`);
   const [found] = await listProcedures(pool, registered);
