@@ -1,4 +1,8 @@
-/** Every GraphQL example in the README runs, as pasted into GraphiQL, against the real service. */
+/**
+ * Every example in the README runs as a reader would run it: the SQL blocks top to bottom
+ * in one psql-like session (each block as one multi-statement query), the GraphQL ones as
+ * pasted into GraphiQL, against the real service.
+ */
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
@@ -7,15 +11,18 @@ import { startTestCluster, waitFor, type TestCluster } from './support/database.
 
 const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
 const examples = [...readme.matchAll(/```graphql\n([\s\S]*?)```/g)].map((m) => m[1]);
+const sqlExamples = [...readme.matchAll(/```sql\n([\s\S]*?)```/g)].map((m) => m[1]);
 
 let cluster: TestCluster;
+let databaseUrl: string;
 let t: TestApp;
 let token: string;
 let batchId: string;
 
 before(async () => {
   cluster = await startTestCluster();
-  t = await startTestApp(await cluster.createDatabase());
+  databaseUrl = await cluster.createDatabase();
+  t = await startTestApp(databaseUrl);
   const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`);
   token = body.data.invoke.execution.token;
   await waitFor(async () => (await t.gql(`{ execution(token: "${token}") { status } }`)).body.data.execution.status === 'SUCCEEDED');
@@ -25,6 +32,40 @@ before(async () => {
 after(async () => {
   await t?.stop();
   await cluster?.stop();
+});
+
+describe('README SQL examples, top to bottom', () => {
+  it('there are SQL examples, and the first one sets up what the others use', () => {
+    assert.ok(sqlExamples.length >= 5, `${sqlExamples.length} SQL examples`);
+  });
+
+  it('each runs in order in one session, and the calls they enqueue succeed', async () => {
+    const sql = await cluster.connect(databaseUrl);
+    try {
+      for (const [i, example] of sqlExamples.entries()) {
+        await sql.query(example).catch((error: Error) => {
+          throw new Error(`SQL example ${i + 1} (${example.trim().split('\n')[0]}): ${error.message}`);
+        });
+      }
+      // what the examples enqueued ran: the orders were charged, and 43 invoiced after it (the batch's stages)
+      const orders = await waitFor(async () => {
+        const { rows } = await sql.query(`select id, charged_at is not null as charged, invoiced_at is not null as invoiced from billing.orders order by id`);
+        return rows.length === 2 && rows[1].invoiced ? rows : null;
+      }, 30_000, 'the README orders to be charged and invoiced');
+      assert.deepEqual(orders, [
+        { id: '42', charged: true, invoiced: false },
+        { id: '43', charged: true, invoiced: true },
+      ]);
+      const greeted = await waitFor(async () => {
+        const { rows } = await sql.query(`select status, result from asyncproc.executions where procedure = 'myapp.greet' order by id limit 1`);
+        return rows[0]?.status === 'SUCCEEDED' ? rows[0] : null;
+      }, 30_000, 'myapp.greet to run');
+      // by the body of step 1, or of step 6 when it started after the CREATE OR REPLACE
+      assert.match(greeted.result.outputParameters.greeting, /^(Hello|Hi), Ada$/);
+    } finally {
+      await sql.end();
+    }
+  });
 });
 
 describe('README examples', () => {
