@@ -185,6 +185,8 @@ export interface Procedure {
   timeoutMs: number | null;
   /** Roles that may invoke it (any one of them, or `admin`); empty: any authenticated caller. */
   roles: string[];
+  /** See RegisterOptions.transactional. */
+  transactional: boolean;
 }
 
 export interface RegisterOptions {
@@ -193,6 +195,16 @@ export interface RegisterOptions {
   timeoutMs?: number | null;
   /** Roles that may invoke it; empty or absent: any authenticated caller. Names as ROLE_NAME. */
   roles?: readonly string[] | null;
+  /**
+   * true (default): the call runs inside the transaction that records its outcome, so its
+   * effects and its outcome commit together, or neither. false: the call runs with no
+   * transaction open (it may COMMIT itself, commit in chunks, or run what cannot run in a
+   * transaction: VACUUM, BACKUP, CREATE DATABASE …) and its outcome is recorded afterwards
+   * in a transaction of its own. Given up: effects and outcome no longer commit together,
+   * so a call whose worker is lost mid-run ends FAILED (never re-run: its effects may be
+   * partly done), and a retried failure re-runs what the failed attempt had committed.
+   */
+  transactional?: boolean;
 }
 
 /** Role names (JWT claims, API keys, procedure permissions): 1–64 of A-Z a-z 0-9 _ . : - */

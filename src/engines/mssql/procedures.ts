@@ -48,6 +48,8 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
         maxAttempts: row.max_attempts,
         timeoutMs: row.timeout_ms,
         roles: JSON.parse(row.roles) as string[],
+        // every call runs inside the activation's transaction (the only mode so far)
+        transactional: true,
       };
       byName.set(row.name, procedure);
     }

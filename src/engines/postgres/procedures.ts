@@ -32,6 +32,8 @@ export async function listProcedures(pool: pg.Pool, only: string | null = null):
     maxAttempts: r.max_attempts,
     timeoutMs: r.timeout_ms,
     roles: r.roles,
+    // every call runs inside the transaction that records its outcome (the only mode so far)
+    transactional: true,
     parameters: r.parameters,
   }));
 }
