@@ -181,6 +181,11 @@ export async function applyProcedures(config: sql.config, dir: string = path.joi
   return withMigrationLock(config, (pool) => applyChangedProcedures(pool, dir));
 }
 
+/** The files whose SHA-256 differs from the one recorded (or that have none), in the files' order. */
+export function changedProcedures(files: readonly ProcedureFile[], recorded: ReadonlyMap<string, string>): ProcedureFile[] {
+  return files.filter((f) => recorded.get(f.file) !== f.sha256);
+}
+
 async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Promise<string[]> {
   const files = await readProcedureFiles(dir);
   const known = new Map(
@@ -189,7 +194,7 @@ async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Pr
       r.sha256,
     ]),
   );
-  const changed = files.filter((f) => known.get(f.file) !== f.sha256);
+  const changed = changedProcedures(files, known);
   if (!changed.length) return [];
   const tx = new sql.Transaction(pool);
   await tx.begin();
