@@ -24,6 +24,7 @@ const LANDED: Record<string, string> = {
   'mssql/0007_batches.sql': '480cb26f6bb071cdad547945c2c2692d4e841ef7f1a66f3c80a7bc3833dacdc2',
   'mssql/0008_cancel_batch.sql': 'a7162cbe4b4ffaaa3f3de2b371e488d9b6b9e7ad206bed933b368a7cf8fe158f',
   'mssql/0009_identity.sql': '46d6dc3ee21e269b34f104a8aa24d3c02f1af6923c532927c922bab54e4b02d0',
+  'mssql/0010_routines.sql': 'c4219a1dbfe29126ef63655f175e1021175de9358a239ea3239e0f9736a948b4',
 };
 
 describe('landed migrations', () => {

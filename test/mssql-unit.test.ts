@@ -4,7 +4,8 @@
  * engine itself is tested against a real SQL Server by conformance.mssql.ts.
  */
 import assert from 'node:assert/strict';
-import { readdir, readFile } from 'node:fs/promises';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
@@ -17,7 +18,7 @@ import { enqueue } from '../src/engines/mssql/invoke.js';
 import { checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
 import { countExecutions, listExecutions, listRunning, readChanges, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
 import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
-import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
+import { changedProcedures, MSSQL_SQL_DIR, readProcedureFiles, type ProcedureFile } from '../src/engines/mssql/migrator.js';
 import { checkQueueSettings, checkRecentSeconds, configureQueue, toQueueInfo } from '../src/engines/mssql/procedures.js';
 import {
   cursorFromRowversion,
@@ -100,7 +101,9 @@ describe('mssql: GO batch splitting', () => {
   it('keeps every CREATE PROCEDURE, FUNCTION and VIEW of sql/mssql first in its batch', async () => {
     const files = (await readdir(MSSQL_SQL_DIR)).filter((f) => f.endsWith('.sql'));
     assert.ok(files.includes('demo.sql') && files.some((f) => f.startsWith('0001_')), 'the scripts are where the migrator looks');
-    for (const file of files) {
+    const procedures = (await readdir(path.join(MSSQL_SQL_DIR, 'procedures'))).filter((f) => f.endsWith('.sql'));
+    assert.ok(procedures.length > 0);
+    for (const file of [...files, ...procedures.map((f) => `procedures/${f}`)]) {
       const batches = splitBatches(await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8'));
       assert.ok(batches.length > 0, file);
       for (const batch of batches) {
@@ -121,21 +124,37 @@ function codeOnly(text: string): string {
     .replace(/N?'(?:[^']|'')*'/g, (m) => `'${' '.repeat(Math.max(0, m.length - 2))}'`);
 }
 
+/** The numbered migrations and demo.sql, then the procedure files (as `procedures/<name>.sql`). */
 async function scripts(): Promise<Array<{ file: string; text: string }>> {
   const files = (await readdir(MSSQL_SQL_DIR)).filter((f) => f.endsWith('.sql')).sort();
-  return Promise.all(files.map(async (file) => ({ file, text: await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8') })));
+  const procedures = (await readdir(path.join(MSSQL_SQL_DIR, 'procedures'))).filter((f) => f.endsWith('.sql')).sort();
+  return Promise.all(
+    [...files, ...procedures.map((f) => `procedures/${f}`)].map(async (file) => ({ file, text: await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8') })),
+  );
+}
+
+/** The numbered migrations only (sql/mssql/NNNN_*.sql), in order. */
+async function migrations(): Promise<Array<{ file: string; text: string }>> {
+  return (await scripts()).filter((s) => /^\d{4}_.+\.sql$/.test(s.file));
+}
+
+/** The object a batch creates (CREATE [OR ALTER] PROCEDURE | FUNCTION | VIEW asyncexec.name), if any. */
+function createdObject(batchText: string): { kind: string; name: string } | null {
+  const m = /^\s*CREATE\s+(?:OR\s+ALTER\s+)?(PROCEDURE|FUNCTION|VIEW)\s+asyncexec\.(\w+)/i.exec(codeOnly(batchText));
+  return m ? { kind: m[1].toUpperCase(), name: m[2] } : null;
 }
 
 /**
- * The procedures as a migrated database has them: each name's last CREATE [OR ALTER]
- * PROCEDURE, in migration order (a landed script never changes; later ones alter).
+ * The procedures as a migrated database has them: the files of sql/mssql/procedures/, which
+ * the migrator applies after the numbered migrations (the definition that counts).
  */
 async function currentProcedures(): Promise<Map<string, { file: string; text: string }>> {
   const found = new Map<string, { file: string; text: string }>();
   for (const { file, text } of await scripts()) {
+    if (!file.startsWith('procedures/')) continue;
     for (const batch of splitBatches(text)) {
-      const name = /^\s*CREATE\s+(?:OR\s+ALTER\s+)?PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
-      if (name) found.set(name, { file, text: batch.text });
+      const created = createdObject(batch.text);
+      if (created?.kind === 'PROCEDURE') found.set(created.name, { file, text: batch.text });
     }
   }
   return found;
@@ -169,7 +188,7 @@ describe('mssql: T-SQL rules checked without a server', () => {
   it('sets the SET options xml methods need in every procedure that activation runs', async () => {
     // Internal Activation Context: the session has "the default options for the database"
     const current = await currentProcedures();
-    const { text: activatedScript } = (await scripts()).find((s) => s.file.startsWith('0005_'))!;
+    const { text: activatedScript } = (await migrations()).find((s) => s.file.startsWith('0005_'))!;
     const names = splitBatches(activatedScript)
       .map((b) => /^\s*CREATE\s+PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(b.text))?.[1])
       .filter((name): name is string => Boolean(name));
@@ -178,7 +197,7 @@ describe('mssql: T-SQL rules checked without a server', () => {
     assert.ok(procedures.every(Boolean) && procedures.length >= 5);
     for (const batch of procedures) {
       for (const option of ['ANSI_WARNINGS ON', 'ANSI_PADDING ON', 'ARITHABORT ON', 'CONCAT_NULL_YIELDS_NULL ON', 'NUMERIC_ROUNDABORT OFF']) {
-        assert.match(batch.text, new RegExp(`SET ${option};`), `${batch.text.match(/CREATE PROCEDURE (\S+)/)?.[1]}: SET ${option}`);
+        assert.match(batch.text, new RegExp(`SET ${option};`), `${batch.text.match(/CREATE (?:OR ALTER )?PROCEDURE (\S+)/)?.[1]}: SET ${option}`);
       }
     }
   });
@@ -189,6 +208,90 @@ describe('mssql: T-SQL rules checked without a server', () => {
     assert.match(text, /CREATE QUEUE asyncexec\.AsyncExecNotifyQueue[\s\S]*?POISON_MESSAGE_HANDLING \(STATUS = OFF\);/);
     assert.match(text, /MAX_QUEUE_READERS = [\s\S]*?EXECUTE AS OWNER\), POISON_MESSAGE_HANDLING \(STATUS = OFF\);/);
     assert.doesNotMatch(all, /WITH\s+CLEANUP/i, 'END CONVERSATION docs: do not use WITH CLEANUP in application code');
+  });
+});
+
+describe('mssql: one file per procedure, function and view (sql/mssql/procedures/)', () => {
+  const PROCEDURES_DIR = path.join(MSSQL_SQL_DIR, 'procedures');
+
+  it('has a file for every procedure, function and view that a migration defines', async () => {
+    const defined = new Set<string>();
+    for (const { file, text } of await migrations()) {
+      for (const batch of splitBatches(text)) {
+        const created = createdObject(batch.text);
+        if (created) defined.add(created.name);
+        // and nothing else of that kind hides in a batch that starts otherwise
+        assert.ok(created || !/\bCREATE\s+(OR\s+ALTER\s+)?(PROCEDURE|FUNCTION|VIEW)\s+asyncexec\./i.test(codeOnly(batch.text)), `${file}:${batch.line}`);
+      }
+    }
+    assert.ok(defined.size >= 18, `${defined.size} objects`);
+    const files = new Set((await readdir(PROCEDURES_DIR)).filter((f) => f.endsWith('.sql')));
+    for (const name of defined) assert.ok(files.has(`${name}.sql`), `sql/mssql/procedures/${name}.sql is missing`);
+  });
+
+  it('defines in each file exactly the object its name says, with CREATE OR ALTER, in one batch', async () => {
+    const files = (await readdir(PROCEDURES_DIR)).filter((f) => f.endsWith('.sql'));
+    for (const file of files) {
+      const text = await readFile(path.join(PROCEDURES_DIR, file), 'utf8');
+      const batches = splitBatches(text);
+      assert.equal(batches.length, 1, `${file}: one batch (no GO)`);
+      const code = codeOnly(batches[0].text).trim();
+      const name = file.replace(/\.sql$/, '');
+      assert.match(code, new RegExp(`^CREATE OR ALTER (PROCEDURE|FUNCTION|VIEW) asyncexec\\.${name}\\b`), `${file} starts with CREATE OR ALTER … asyncexec.${name}`);
+      assert.equal([...code.matchAll(/\b(CREATE|ALTER)\s+(OR\s+ALTER\s+)?(PROCEDURE|FUNCTION|VIEW|TRIGGER)\b/gi)].length, 1, `${file}: one definition`);
+    }
+  });
+
+  it('lists in ORDER exactly the files of the folder, each once, views after what they read', async () => {
+    const order = (await readProcedureFiles(PROCEDURES_DIR)).map((f) => f.file);
+    const files = (await readdir(PROCEDURES_DIR)).filter((f) => f.endsWith('.sql')).sort();
+    assert.deepEqual([...order].sort(), files);
+    // views get no deferred name resolution: what a view or function names must come first
+    for (const [i, file] of order.entries()) {
+      const code = codeOnly(await readFile(path.join(PROCEDURES_DIR, file), 'utf8'));
+      if (!/^\s*CREATE OR ALTER (VIEW|FUNCTION)\b/.test(code)) continue;
+      for (const other of order) {
+        const name = other.replace(/\.sql$/, '');
+        if (other !== file && new RegExp(`asyncexec\\.${name}\\b`).test(code)) assert.ok(order.indexOf(other) < i, `${file} reads ${name}: list it first`);
+      }
+    }
+  });
+
+  it('refuses a folder whose ORDER and files disagree, and a file of two batches', async () => {
+    const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-procedures-'));
+    try {
+      await writeFile(path.join(dir, 'a.sql'), 'CREATE OR ALTER PROCEDURE asyncexec.a AS SELECT 1;\n');
+      await writeFile(path.join(dir, 'b.sql'), 'CREATE OR ALTER PROCEDURE asyncexec.b AS SELECT 2;\n');
+      await writeFile(path.join(dir, 'ORDER'), '# comment\nb.sql\n\na.sql\n');
+      assert.deepEqual((await readProcedureFiles(dir)).map((f) => f.file), ['b.sql', 'a.sql'], 'the declared order, not the name order');
+      await writeFile(path.join(dir, 'ORDER'), 'b.sql\n');
+      await assert.rejects(readProcedureFiles(dir), /not listed: a\.sql/);
+      await writeFile(path.join(dir, 'ORDER'), 'b.sql\na.sql\nc.sql\n');
+      await assert.rejects(readProcedureFiles(dir), /listed but absent or repeated: c\.sql/);
+      await writeFile(path.join(dir, 'ORDER'), 'b.sql\na.sql\na.sql\n');
+      await assert.rejects(readProcedureFiles(dir), /must list every \.sql file/);
+      await writeFile(path.join(dir, 'ORDER'), 'b.sql\na.sql\n');
+      await writeFile(path.join(dir, 'a.sql'), 'CREATE OR ALTER PROCEDURE asyncexec.a AS SELECT 1;\nGO\nSELECT 3;\n');
+      await assert.rejects(readProcedureFiles(dir), /a\.sql must hold exactly one batch/);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('applies a file when its SHA-256 differs from the one recorded, in the declared order', async () => {
+    const files = await readProcedureFiles(PROCEDURES_DIR);
+    const run = files.find((f) => f.file === 'usp_AsyncExecRun.sql')!;
+    const raw = await readFile(path.join(PROCEDURES_DIR, run.file));
+    assert.equal(run.sha256, (await import('node:crypto')).createHash('sha256').update(raw).digest('hex'), 'the hash of the whole file');
+    assert.deepEqual(changedProcedures(files, new Map()), files, 'a database that recorded none gets all, in ORDER');
+    const recorded = new Map(files.map((f) => [f.file, f.sha256]));
+    assert.deepEqual(changedProcedures(files, recorded), [], 'nothing changed, nothing applied');
+    recorded.set('usp_AsyncExecRun.sql', '0'.repeat(64));
+    recorded.delete('TypeText.sql');
+    assert.deepEqual(
+      changedProcedures(files, recorded).map((f: ProcedureFile) => f.file),
+      files.map((f) => f.file).filter((f) => f === 'TypeText.sql' || f === 'usp_AsyncExecRun.sql'),
+    );
   });
 });
 
@@ -419,8 +522,7 @@ describe('mssql: queues', () => {
   });
 
   it('changes an existing queue with ALTER QUEUE … MAX_QUEUE_READERS and the registry row in one transaction', async () => {
-    const { text } = (await scripts()).find((s) => s.file.startsWith('0003_'))!;
-    const batch = splitBatches(text).find((b) => /CREATE PROCEDURE asyncexec\.usp_AsyncExecCreateQueue/.test(b.text))!;
+    const batch = (await currentProcedures()).get('usp_AsyncExecCreateQueue')!;
     const code = codeOnly(batch.text);
     const begin = code.indexOf('BEGIN TRANSACTION');
     const commit = code.lastIndexOf('COMMIT TRANSACTION');
@@ -690,11 +792,8 @@ describe('mssql: batches (T-SQL)', () => {
   /** Each CREATE PROCEDURE of every script by name: `code` has comments and strings blanked, `sql` comments only. */
   async function procedures(): Promise<Map<string, { file: string; code: string; sql: string; text: string }>> {
     const found = new Map<string, { file: string; code: string; sql: string; text: string }>();
-    for (const { file, text } of await scripts()) {
-      for (const batch of splitBatches(text)) {
-        const name = /^\s*CREATE\s+(?:OR\s+ALTER\s+)?PROCEDURE\s+asyncexec\.(\w+)/im.exec(codeOnly(batch.text))?.[1];
-        if (name) found.set(name, { file, code: codeOnly(batch.text), sql: withoutComments(batch.text), text: batch.text });
-      }
+    for (const [name, { file, text }] of await currentProcedures()) {
+      found.set(name, { file, code: codeOnly(text), sql: withoutComments(text), text });
     }
     return found;
   }
@@ -776,7 +875,7 @@ describe('mssql: batches (T-SQL)', () => {
     const all = await procedures();
     for (const [name, number] of [['usp_AsyncExecBatchSettle', 50022], ['usp_AsyncExecBatchCancelUnstarted', 50024]] as const) {
       const { file, text, code } = all.get(name)!;
-      assert.equal(file, '0007_batches.sql', name);
+      assert.equal(file, `procedures/${name}.sql`, name);
       for (const option of ['XACT_ABORT OFF', 'ANSI_WARNINGS ON', 'ANSI_PADDING ON', 'ARITHABORT ON', 'CONCAT_NULL_YIELDS_NULL ON', 'NUMERIC_ROUNDABORT OFF']) {
         assert.match(text, new RegExp(`SET ${option};`), `${name}: SET ${option}`);
       }
@@ -784,10 +883,10 @@ describe('mssql: batches (T-SQL)', () => {
       assert.match(code, new RegExp(`IF @@TRANCOUNT = 0\\s+BEGIN\\s+SET @message = [^;]+;\\s+THROW ${number}, @message, 1;`), name);
       assert.ok(code.indexOf('IF @@TRANCOUNT = 0') < code.indexOf('asyncexec.AsyncExecResults'), `${name}: checked before any member is touched`);
     }
-    // created before the settle that calls it
-    const text = codeOnly((await scripts()).find((s) => s.file === '0007_batches.sql')!.text);
-    const created = text.indexOf('CREATE PROCEDURE asyncexec.usp_AsyncExecBatchCancelUnstarted');
-    assert.ok(created > 0 && created < text.indexOf('CREATE PROCEDURE asyncexec.usp_AsyncExecBatchSettle'));
+    // applied before the settle that calls it
+    const order = (await readProcedureFiles(path.join(MSSQL_SQL_DIR, 'procedures'))).map((f) => f.file);
+    const created = order.indexOf('usp_AsyncExecBatchCancelUnstarted.sql');
+    assert.ok(created >= 0 && created < order.indexOf('usp_AsyncExecBatchSettle.sql'));
   });
 
   it('serialises settles on the batch row and counts committed members only', async () => {
@@ -811,7 +910,7 @@ describe('mssql: batches (T-SQL)', () => {
     );
     // the cancel itself, shared with usp_AsyncExecCancelBatch
     const { sql: cancel } = all.get('usp_AsyncExecBatchCancelUnstarted')!;
-    assert.match(cancel, /^\s*CREATE PROCEDURE asyncexec\.usp_AsyncExecBatchCancelUnstarted\s+@batchId uniqueidentifier,\s+@reason\s+nvarchar\(4000\)\s+AS\b/);
+    assert.match(cancel, /^\s*CREATE OR ALTER PROCEDURE asyncexec\.usp_AsyncExecBatchCancelUnstarted\s+@batchId uniqueidentifier,\s+@reason\s+nvarchar\(4000\)\s+AS\b/);
     assert.match(cancel, /SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1,/);
     assert.match(cancel, /error_message = @reason\s+OUTPUT inserted\.id, inserted\.initiator_handle INTO @cancelled/);
     assert.match(cancel, /WHERE batch_id = @batchId AND status IN \('WAITING', 'PENDING'\);/, 'RUNNING members run to their end');
@@ -1031,10 +1130,10 @@ describe('mssql: cancelBatch (T-SQL)', () => {
     return { file: found.file, text: found.text, code: codeOnly(found.text), sql: sqlText };
   }
 
-  it('lives in the new migration 0008 (landed scripts never change)', async () => {
+  it('lives in its own procedure file', async () => {
     const { file, code } = await cancelBatchProcedure();
-    assert.equal(file, '0008_cancel_batch.sql');
-    assert.match(code, /^\s*CREATE PROCEDURE asyncexec\.usp_AsyncExecCancelBatch\b/);
+    assert.equal(file, 'procedures/usp_AsyncExecCancelBatch.sql');
+    assert.match(code, /^\s*CREATE OR ALTER PROCEDURE asyncexec\.usp_AsyncExecCancelBatch\b/);
   });
 
   it('locks the batch row first, in its one transaction, and takes no application lock', async () => {
@@ -1343,7 +1442,7 @@ describe('mssql: identity (0009_identity.sql)', () => {
 
   it('refuses a withdrawn registration and checks the caller’s roles, exactly, before usp_AsyncExecInvoke writes anything', async () => {
     const { file, code } = await current('usp_AsyncExecInvoke');
-    assert.equal(file, '0009_identity.sql', 'landed scripts never change');
+    assert.equal(file, 'procedures/usp_AsyncExecInvoke.sql', 'the definition that counts');
     assert.match(code, /WHERE r\.name = @procedure AND r\.unregistered_at IS NULL;/);
     const forbidden = code.indexOf('THROW 50009');
     assert.ok(forbidden > code.indexOf('THROW 50001') && forbidden < code.indexOf('BEGIN TRY'), 'after the registry lookup, before any write');
@@ -1358,7 +1457,7 @@ describe('mssql: identity (0009_identity.sql)', () => {
     assert.match(register, /roles = @roles, unregistered_at = NULL/);
     assert.ok(register.indexOf('THROW 50005', register.indexOf('ISJSON(@roles)')) < register.indexOf('UPDATE asyncexec.AsyncExecProcedures'));
     const { file, code } = await current('usp_AsyncExecUnregister');
-    assert.equal(file, '0009_identity.sql');
+    assert.equal(file, 'procedures/usp_AsyncExecUnregister.sql');
     assert.match(code, /UPDATE asyncexec\.AsyncExecProcedures SET unregistered_at = SYSUTCDATETIME\(\)\s+WHERE name = @procedure AND unregistered_at IS NULL;\s+IF @@ROWCOUNT = 0/);
     assert.doesNotMatch(code, /DELETE/, 'the row stays for the calls submitted before');
   });

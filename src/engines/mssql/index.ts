@@ -97,8 +97,10 @@ export class MssqlEngine implements Engine<sql.Transaction> {
 
   async migrate(): Promise<void> {
     await checkBroker(this.pool);
-    const applied = await migrate(this.config, this.options.sqlDir ?? MSSQL_SQL_DIR);
-    if (applied.length) this.logger.info({ applied }, 'applied SQL Server migrations');
+    const { versions, procedures } = await migrate(this.config, this.options.sqlDir ?? MSSQL_SQL_DIR);
+    if (versions.length) this.logger.info({ applied: versions }, 'applied SQL Server migrations');
+    // an ALTER drops a module signature (docs/mssql.md, "Security context of the calls")
+    if (procedures.length) this.logger.info({ procedures }, 'applied SQL Server procedure files (sign again any you had signed)');
     await this.check();
   }
 

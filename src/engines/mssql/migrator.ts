@@ -1,3 +1,4 @@
+import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -58,39 +59,164 @@ async function runScript(pool: sql.ConnectionPool, file: string, text: string, a
   }
 }
 
+export interface MigrateResult {
+  /** Numbered migrations applied now. */
+  versions: number[];
+  /** Files of sql/mssql/procedures/ applied now (each ALTERed or created its object). */
+  procedures: string[];
+}
+
 /**
  * Apply sql/mssql/NNNN_*.sql in order, each once and in its own transaction, recorded
- * in asyncexec.AsyncExecSchemaVersions. Creates nothing outside the connected database.
- * Returns the versions applied now.
+ * in asyncexec.AsyncExecSchemaVersions; then every file of sql/mssql/procedures/ whose
+ * content changed (see applyChangedProcedures). Both under one migration lock. Creates
+ * nothing outside the connected database.
  */
-export async function migrate(config: sql.config, dir: string = MSSQL_SQL_DIR): Promise<number[]> {
-  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
+export async function migrate(config: sql.config, dir: string = MSSQL_SQL_DIR): Promise<MigrateResult> {
   return withMigrationLock(config, async (pool) => {
-    await pool.request().batch(`
-      IF SCHEMA_ID(N'asyncexec') IS NULL EXEC (N'CREATE SCHEMA asyncexec AUTHORIZATION dbo');
-      IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL
-        CREATE TABLE asyncexec.AsyncExecSchemaVersions (
-          version    int           NOT NULL CONSTRAINT PK_AsyncExecSchemaVersions PRIMARY KEY,
-          name       nvarchar(260) NOT NULL,
-          applied_at datetime2(3)  NOT NULL CONSTRAINT DF_AsyncExecSchemaVersions_applied DEFAULT (SYSUTCDATETIME()));`);
-    const done = new Set(
-      (await pool.request().query<{ version: number }>('SELECT version FROM asyncexec.AsyncExecSchemaVersions')).recordset.map((r) => r.version),
-    );
-    const applied: number[] = [];
-    for (const file of files) {
-      const version = Number(file.slice(0, 4));
-      if (done.has(version)) continue;
-      const text = await readFile(path.join(dir, file), 'utf8');
-      await runScript(pool, file, text, async (tx) => {
-        await new sql.Request(tx)
-          .input('version', sql.Int, version)
-          .input('name', sql.NVarChar(260), file)
-          .query('INSERT asyncexec.AsyncExecSchemaVersions (version, name) VALUES (@version, @name)');
-      });
-      applied.push(version);
-    }
-    return applied;
+    const versions = await applyVersions(pool, dir);
+    const procedures = await applyChangedProcedures(pool, path.join(dir, 'procedures'));
+    return { versions, procedures };
   });
+}
+
+async function applyVersions(pool: sql.ConnectionPool, dir: string): Promise<number[]> {
+  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
+  await pool.request().batch(`
+    IF SCHEMA_ID(N'asyncexec') IS NULL EXEC (N'CREATE SCHEMA asyncexec AUTHORIZATION dbo');
+    IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL
+      CREATE TABLE asyncexec.AsyncExecSchemaVersions (
+        version    int           NOT NULL CONSTRAINT PK_AsyncExecSchemaVersions PRIMARY KEY,
+        name       nvarchar(260) NOT NULL,
+        applied_at datetime2(3)  NOT NULL CONSTRAINT DF_AsyncExecSchemaVersions_applied DEFAULT (SYSUTCDATETIME()));`);
+  const done = new Set(
+    (await pool.request().query<{ version: number }>('SELECT version FROM asyncexec.AsyncExecSchemaVersions')).recordset.map((r) => r.version),
+  );
+  const applied: number[] = [];
+  for (const file of files) {
+    const version = Number(file.slice(0, 4));
+    if (done.has(version)) continue;
+    const text = await readFile(path.join(dir, file), 'utf8');
+    await runScript(pool, file, text, async (tx) => {
+      await new sql.Request(tx)
+        .input('version', sql.Int, version)
+        .input('name', sql.NVarChar(260), file)
+        .query('INSERT asyncexec.AsyncExecSchemaVersions (version, name) VALUES (@version, @name)');
+    });
+    applied.push(version);
+  }
+  return applied;
+}
+
+/** A file of sql/mssql/procedures/ as the migrator sends it. */
+export interface ProcedureFile {
+  file: string;
+  /** The one batch of the file: the text SQL Server stores as the module's definition. */
+  text: string;
+  /** SHA-256 (hex) of the whole file. */
+  sha256: string;
+}
+
+/**
+ * The files of `dir` in the order its ORDER file declares (one file name a line; blank
+ * lines and `#` comments ignored). Refuses a directory whose ORDER and .sql files disagree,
+ * and a file that is not exactly one batch (a `GO` inside would cut the definition short,
+ * and what followed would run as a separate statement).
+ */
+export async function readProcedureFiles(dir: string): Promise<ProcedureFile[]> {
+  const order = (await readFile(path.join(dir, 'ORDER'), 'utf8'))
+    .split(/\r?\n/)
+    .map((line) => line.trim())
+    .filter((line) => line !== '' && !line.startsWith('#'));
+  const present = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
+  const listed = [...order].sort();
+  if (new Set(order).size !== order.length || listed.join('\n') !== present.join('\n')) {
+    const missing = present.filter((f) => !order.includes(f));
+    const extra = order.filter((f) => !present.includes(f));
+    throw new Error(`${path.join(dir, 'ORDER')} must list every .sql file of its folder once (not listed: ${missing.join(', ') || 'none'}; listed but absent or repeated: ${extra.join(', ') || 'repeats'})`);
+  }
+  return Promise.all(
+    order.map(async (file) => {
+      const raw = await readFile(path.join(dir, file), 'utf8');
+      const batches = splitBatches(raw);
+      if (batches.length !== 1 || batches[0].repeat !== 1) throw new Error(`${file} must hold exactly one batch (no GO), not ${batches.length}`);
+      return { file, text: batches[0].text, sha256: createHash('sha256').update(raw).digest('hex') };
+    }),
+  );
+}
+
+/**
+ * Procedures, functions and views live one to a file (`CREATE OR ALTER`), so the definition
+ * that counts is always in one place. A file is applied when its SHA-256 differs from the one
+ * recorded in asyncexec.AsyncExecRoutines (0010_routines.sql); all changed files go in ONE
+ * transaction, in the order of procedures/ORDER, so an upgrade never leaves half of them new.
+ * Rules relied on (SQL Server docs):
+ *  - "Rules for Using Batches" / CREATE PROCEDURE: CREATE PROCEDURE, FUNCTION and VIEW must
+ *    start their batch, and everything after them in the batch is part of the definition;
+ *    so each file is sent as one batch of its own (comments may precede the CREATE, and are
+ *    stored with the definition). DDL like this may run inside a user transaction.
+ *  - CREATE OR ALTER (SQL Server 2016 SP1, KB3190548): creates the object if it is missing,
+ *    else alters it, so a file applies alike to a fresh database and to an upgraded one.
+ *  - ALTER PROCEDURE (Transact-SQL): an alter "does not change permissions and does not affect
+ *    any dependent stored procedures"; the object keeps its object_id, so a queue's ACTIVATION
+ *    (PROCEDURE_NAME = …), which names the procedure, keeps calling it: our queues activate
+ *    the per-queue wrappers usp_AsyncExecActivated_<queue> (made by usp_AsyncExecCreateQueue,
+ *    never in these files), which EXEC usp_AsyncExecActivated by name at each activation.
+ *    Nothing forbids an ALTER while the queue is active: it takes a schema-modification lock
+ *    on the object until this transaction commits, so a reader that reaches the object
+ *    meanwhile waits for the commit. ALTER QUEUE documents that a change of PROCEDURE_NAME
+ *    "does not affect instances of the activation stored procedure that are currently
+ *    running"; for a new definition under the same name the docs say nothing, and what is
+ *    observed is the same: a module already executing finishes the text it started with,
+ *    while every EXEC it makes after the commit runs the callee's new version. So a running
+ *    reader may mix versions for one loop (docs/mssql.md, "Upgrades": keep procedure
+ *    interfaces compatible across one release, or turn activation off for the upgrade).
+ *    An alter drops a module signature (ADD SIGNATURE): sign the applied ones again.
+ *  - It also stores the session's ANSI_NULLS and QUOTED_IDENTIFIER with the module: both are
+ *    ON on this connection (the driver's defaults), as when the migrations created them.
+ *  - Deferred name resolution: a procedure may name a procedure or table that does not
+ *    exist yet (only a warning); a view may not, so ORDER puts views after what they read.
+ */
+export async function applyProcedures(config: sql.config, dir: string = path.join(MSSQL_SQL_DIR, 'procedures')): Promise<string[]> {
+  return withMigrationLock(config, (pool) => applyChangedProcedures(pool, dir));
+}
+
+/** The files whose SHA-256 differs from the one recorded (or that have none), in the files' order. */
+export function changedProcedures(files: readonly ProcedureFile[], recorded: ReadonlyMap<string, string>): ProcedureFile[] {
+  return files.filter((f) => recorded.get(f.file) !== f.sha256);
+}
+
+async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Promise<string[]> {
+  const files = await readProcedureFiles(dir);
+  const known = new Map(
+    (await pool.request().query<{ name: string; sha256: string }>('SELECT name, sha256 FROM asyncexec.AsyncExecRoutines')).recordset.map((r) => [
+      r.name,
+      r.sha256,
+    ]),
+  );
+  const changed = changedProcedures(files, known);
+  if (!changed.length) return [];
+  const tx = new sql.Transaction(pool);
+  await tx.begin();
+  try {
+    for (const procedure of changed) {
+      try {
+        await new sql.Request(tx).batch(procedure.text);
+      } catch (error) {
+        throw new Error(`procedures/${procedure.file}: ${(error as Error).message}`, { cause: error });
+      }
+      await new sql.Request(tx)
+        .input('name', sql.NVarChar(260), procedure.file)
+        .input('sha256', sql.Char(64), procedure.sha256)
+        .query(`UPDATE asyncexec.AsyncExecRoutines SET sha256 = @sha256, applied_at = SYSUTCDATETIME() WHERE name = @name;
+                IF @@ROWCOUNT = 0 INSERT asyncexec.AsyncExecRoutines (name, sha256) VALUES (@name, @sha256);`);
+    }
+    await tx.commit();
+  } catch (error) {
+    await tx.rollback().catch(() => undefined); // XACT_ABORT may already have rolled it back
+    throw error;
+  }
+  return changed.map((f) => f.file);
 }
 
 /** Install (or refresh) the demo procedures of sql/mssql/demo.sql and register them. */

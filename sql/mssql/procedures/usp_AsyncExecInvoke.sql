@@ -1,0 +1,234 @@
+-- usp_AsyncExecInvoke: enqueue a call inside the caller's transaction.
+--
+-- Errors (THROW, severity 16), mapped one to one by the service:
+--   50001 UNKNOWN_PROCEDURE  the procedure is not registered, or no longer exists
+--   50002 INVALID_ARGUMENTS  arguments are not a JSON object, or do not fit the signature
+--   50003 UNKNOWN_QUEUE      the queue does not exist
+-- Every check runs before the first write, so a refusal leaves the caller's
+-- transaction as it was (unless the caller runs with XACT_ABORT ON, where any
+-- error dooms its transaction).
+--
+-- EXECUTE AS OWNER: callers need only EXECUTE on this procedure, not SEND on the
+-- services or SELECT on the catalog; ORIGINAL_LOGIN() still names the real caller.
+-- usp_AsyncExecInvoke as in 0007_batches.sql, and: a withdrawn registration is not
+-- registered (50001); @callerRoles is checked against the procedure's roles (50009).
+CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecInvoke
+    @procedure   nvarchar(261),
+    @arguments   nvarchar(max) = N'{}',
+    @queue       nvarchar(100) = NULL,
+    @runAt       datetime2(3) = NULL,      -- UTC; later than now means WAITING until then
+    @maxAttempts int = NULL,
+    @submittedBy nvarchar(256) = NULL,
+    @token       uniqueidentifier = NULL OUTPUT,
+    @id          bigint = NULL OUTPUT,
+    @batchId     uniqueidentifier = NULL,  -- the batch it belongs to (usp_AsyncExecBatchCreate)
+    @stage       int = NULL,               -- its 1-based stage in that batch
+    @callerRoles nvarchar(max) = NULL      -- JSON array of the caller's roles; NULL: not checked
+WITH EXECUTE AS OWNER
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @message nvarchar(2048), @problems nvarchar(max), @registered nvarchar(261), @registeredQueue nvarchar(100),
+            @registeredAttempts int, @object int, @service nvarchar(256), @status varchar(10),
+            @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max);
+    SET @arguments = COALESCE(@arguments, N'{}');
+
+    SELECT @registered = r.name, @registeredQueue = r.queue, @registeredAttempts = r.max_attempts, @registeredRoles = r.roles,
+           @object = OBJECT_ID(QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name), N'P')
+    FROM asyncexec.AsyncExecProcedures AS r
+    WHERE r.name = @procedure AND r.unregistered_at IS NULL;
+    IF @registered IS NULL OR @object IS NULL
+    BEGIN
+        SET @message = CONCAT(N'procedure "', @procedure, N'" is not registered',
+                              CASE WHEN @registered IS NOT NULL THEN N' (it no longer exists)' END);
+        THROW 50001, @message, 1;
+    END;
+
+    -- The caller's roles (a list the service has verified) against the registered ones:
+    -- one in common, or admin. Compared under a binary collation, so case counts, and with
+    -- equal DATALENGTH, since = ignores trailing blanks (KB 316626) and 'admin ' is no admin.
+    -- ISJSON and the leading '[' first: OPENJSON raises on malformed text, and on an object
+    -- it would read the values of any keys as roles.
+    IF @callerRoles IS NOT NULL AND (ISJSON(@callerRoles) = 0 OR LEFT(LTRIM(@callerRoles), 1) <> N'[')
+    BEGIN
+        SET @message = N'callerRoles must be a JSON array of role names';
+        THROW 50005, @message, 1;
+    END;
+    IF @callerRoles IS NOT NULL AND EXISTS (SELECT 1 FROM OPENJSON(@registeredRoles))
+       AND NOT EXISTS (SELECT 1 FROM OPENJSON(@callerRoles) AS c
+                        WHERE (c.[value] COLLATE Latin1_General_BIN2 = N'admin' AND DATALENGTH(c.[value]) = DATALENGTH(N'admin'))
+                           OR EXISTS (SELECT 1 FROM OPENJSON(@registeredRoles) AS r
+                                       WHERE c.[value] COLLATE Latin1_General_BIN2 = r.[value]
+                                         AND DATALENGTH(c.[value]) = DATALENGTH(r.[value])))
+    BEGIN
+        SET @message = CONCAT(N'the caller''s roles do not allow invoking "', @registered, N'"');
+        THROW 50009, @message, 1;
+    END;
+
+    -- ISJSON first: OPENJSON on malformed text raises an error instead of answering.
+    IF ISJSON(@arguments) = 0
+    BEGIN
+        SET @message = N'arguments must be a JSON object keyed by parameter name';
+        THROW 50002, @message, 1;
+    END;
+    IF (SELECT TOP (1) [type] FROM OPENJSON(N'[' + @arguments + N']')) <> 5   -- 5: object
+    BEGIN
+        SET @message = N'arguments must be a JSON object keyed by parameter name';
+        THROW 50002, @message, 1;
+    END;
+    IF @maxAttempts IS NOT NULL AND @maxAttempts NOT BETWEEN 1 AND 100
+    BEGIN
+        SET @message = N'maxAttempts must be between 1 and 100';
+        THROW 50002, @message, 1;
+    END;
+
+    DECLARE @args TABLE ([key] nvarchar(4000) COLLATE Latin1_General_BIN2, [value] nvarchar(max), [type] tinyint);
+    INSERT @args ([key], [value], [type]) SELECT [key], [value], [type] FROM OPENJSON(@arguments);
+
+    DECLARE @params TABLE (name nvarchar(128) COLLATE Latin1_General_BIN2, position int, base_type nvarchar(128), type_text nvarchar(128),
+                           max_length smallint, has_default bit, is_supported bit);
+    INSERT @params (name, position, base_type, type_text, max_length, has_default, is_supported)
+    SELECT name, position, base_type, type_text, max_length, has_default, is_supported
+    FROM asyncexec.AsyncExecParameters
+    WHERE [procedure] = @registered;
+
+    DECLARE @found TABLE (ord int, problem nvarchar(2000));
+    INSERT @found (ord, problem)
+    SELECT 1, CONCAT(N'unknown argument "', a.[key], N'"')
+    FROM @args AS a WHERE NOT EXISTS (SELECT 1 FROM @params AS p WHERE p.name = a.[key]);
+    INSERT @found (ord, problem)
+    SELECT 1, CONCAT(N'duplicate argument "', a.[key], N'"')
+    FROM @args AS a GROUP BY a.[key] HAVING COUNT(*) > 1;
+    INSERT @found (ord, problem)
+    SELECT 2, CONCAT(N'missing argument "', p.name, N'" (', p.type_text, N')')
+    FROM @params AS p WHERE p.has_default = 0 AND NOT EXISTS (SELECT 1 FROM @args AS a WHERE a.[key] = p.name);
+    INSERT @found (ord, problem)
+    SELECT 2, CONCAT(N'parameter "', p.name, N'" has an unsupported type (', p.type_text, N')')
+    FROM @params AS p WHERE p.is_supported = 0;
+
+    -- Each supplied value must convert to its parameter's type exactly as the
+    -- activated procedure will convert it: CONVERT(type, OPENJSON value), base64 for
+    -- binary. TRY_CONVERT never raises, so the caller's transaction is never doomed.
+    DECLARE @name nvarchar(128), @base nvarchar(128), @typeText nvarchar(128), @maxLength smallint,
+            @value nvarchar(max), @jsonType tinyint, @ok bit, @check nvarchar(max);
+    DECLARE checks CURSOR LOCAL FAST_FORWARD FOR
+        SELECT p.name, p.base_type, p.type_text, p.max_length, a.[value], a.[type]
+        FROM @params AS p JOIN @args AS a ON a.[key] = p.name
+        WHERE p.is_supported = 1 AND a.[type] <> 0;   -- 0: JSON null, passed as NULL
+    OPEN checks;
+    FETCH NEXT FROM checks INTO @name, @base, @typeText, @maxLength, @value, @jsonType;
+    WHILE @@FETCH_STATUS = 0
+    BEGIN
+        IF @base IN (N'nvarchar', N'nchar')
+            -- objects and arrays (4, 5) travel as their JSON text into character parameters
+            SET @ok = CASE WHEN @maxLength = -1 OR DATALENGTH(@value) <= @maxLength THEN 1 ELSE 0 END;
+        ELSE IF @base IN (N'varchar', N'char')
+            SET @ok = CASE WHEN @maxLength = -1 OR DATALENGTH(CONVERT(varchar(max), @value)) <= @maxLength THEN 1 ELSE 0 END;
+        ELSE IF @jsonType IN (4, 5)
+            SET @ok = 0;
+        ELSE IF @base IN (N'varbinary', N'binary')
+            SET @ok = CASE
+                WHEN @jsonType = 1
+                 AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'%[^A-Za-z0-9+/=]%'
+                 AND LEN(@value) % 4 = 0
+                 AND (@maxLength = -1 OR LEN(@value) / 4 * 3 - (LEN(@value) - LEN(REPLACE(@value, N'=', N''))) <= @maxLength)
+                THEN 1 ELSE 0 END;
+        ELSE
+        BEGIN
+            -- @typeText comes from the catalog (asyncexec.TypeText), never from the caller
+            SET @check = N'SET @ok = CASE WHEN TRY_CONVERT(' + @typeText + N', @value) IS NULL THEN 0 ELSE 1 END;';
+            EXEC sys.sp_executesql @check, N'@value nvarchar(max), @ok bit OUTPUT', @value = @value, @ok = @ok OUTPUT;
+        END;
+        IF @ok = 0
+            INSERT @found (ord, problem)
+            VALUES (3, CONCAT(N'argument "', @name, N'": ', LEFT(@value, 100), CASE WHEN LEN(@value) > 100 THEN N'…' END,
+                              N' is not a valid ', @typeText));
+        FETCH NEXT FROM checks INTO @name, @base, @typeText, @maxLength, @value, @jsonType;
+    END;
+    CLOSE checks;
+    DEALLOCATE checks;
+
+    SELECT @problems = STRING_AGG(CAST(problem AS nvarchar(max)), N'; ') WITHIN GROUP (ORDER BY ord, problem) FROM @found;
+    IF @problems IS NOT NULL
+    BEGIN
+        SET @message = LEFT(CONCAT(N'invalid arguments for ', @registered, N': ', @problems), 2048);
+        THROW 50002, @message, 1;
+    END;
+
+    SET @queue = COALESCE(@queue, @registeredQueue);
+    SELECT @service = service_name FROM asyncexec.AsyncExecQueues WHERE name = @queue;
+    IF @service IS NULL
+    BEGIN
+        SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+        THROW 50003, @message, 1;
+    END;
+
+    IF @batchId IS NOT NULL OR @stage IS NOT NULL
+    BEGIN
+        -- The batch lock must last until the call is written and committed: outside a
+        -- transaction it would end with this statement, and a settle could release the
+        -- stage before a call held for it is inserted (it would stay held for ever).
+        IF @@TRANCOUNT = 0
+        BEGIN
+            SET @message = N'invoke the calls of a batch inside a transaction (the one that creates the batch)';
+            THROW 50005, @message, 1;
+        END;
+        SELECT @batchStatus = status, @currentStage = current_stage, @stageCount = stage_count
+        FROM asyncexec.AsyncExecBatches WITH (UPDLOCK, HOLDLOCK, ROWLOCK)
+        WHERE id = @batchId;
+        IF @batchStatus IS NULL OR @batchStatus <> 'RUNNING' OR @stage IS NULL OR @stage < @currentStage OR @stage > @stageCount
+        BEGIN
+            SET @message = CONCAT(N'cannot add a call to stage ', COALESCE(CAST(@stage AS nvarchar(11)), N'(none)'), N' of batch ',
+                                  COALESCE(LOWER(CONVERT(nvarchar(36), @batchId)), N'(none)'), N': ',
+                                  CASE WHEN @batchStatus IS NULL THEN N'no such batch'
+                                       WHEN @batchStatus <> 'RUNNING' THEN N'the batch has ended'
+                                       ELSE CONCAT(N'its stages ', @currentStage, N' to ', @stageCount, N' are open') END);
+            THROW 50005, @message, 1;
+        END;
+        SET @held = CASE WHEN @stage > @currentStage THEN 1 ELSE 0 END;
+    END;
+
+    SET @status = CASE WHEN @held = 1 OR @runAt > SYSUTCDATETIME() THEN 'WAITING' ELSE 'PENDING' END;
+
+    -- Writes: under a savepoint inside the caller's transaction, or in our own.
+    DECLARE @trancount int = @@TRANCOUNT, @h uniqueidentifier, @body xml;
+    IF @trancount = 0
+        BEGIN TRANSACTION;
+    ELSE
+        SAVE TRANSACTION usp_AsyncExecInvoke;
+    BEGIN TRY
+        SET @token = NEWID();
+        IF @held = 0
+        BEGIN
+            BEGIN DIALOG CONVERSATION @h
+                FROM SERVICE [asyncexec/NotifyService]
+                TO SERVICE @service, 'CURRENT DATABASE'
+                ON CONTRACT [asyncexec/Contract]
+                WITH ENCRYPTION = OFF;
+        END;
+        INSERT asyncexec.AsyncExecResults
+            (token, [procedure], arguments, queue, status, run_at, max_attempts, submitted_by, submitted_login, initiator_handle,
+             batch_id, stage, held)
+        VALUES
+            (@token, @registered, @arguments, @queue, @status, @runAt, COALESCE(@maxAttempts, @registeredAttempts),
+             @submittedBy, ORIGINAL_LOGIN(), @h, @batchId, @stage, @held);
+        SET @id = SCOPE_IDENTITY();
+        IF @held = 0
+        BEGIN
+            SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);
+            -- Sent now even when WAITING: the reader arms the dialog's timer for run_at.
+            SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Request] (@body);
+        END;
+        IF @trancount = 0
+            COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() = -1
+            ROLLBACK TRANSACTION;                         -- doomed: only a full rollback is possible
+        ELSE IF XACT_STATE() = 1 AND @trancount = 0
+            ROLLBACK TRANSACTION;                         -- our own transaction
+        ELSE IF XACT_STATE() = 1 AND @trancount > 0
+            ROLLBACK TRANSACTION usp_AsyncExecInvoke;     -- the savepoint saved above, by the same name
+        THROW;
+    END CATCH;
+END;

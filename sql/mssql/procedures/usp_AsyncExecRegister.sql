@@ -1,0 +1,94 @@
+-- Register (or re-register, replacing its options) a T-SQL stored procedure as invocable;
+-- returns its registered name. @optionalParameters: JSON array of the parameter names (no @)
+-- that have defaults. @roles: JSON array of role names (1-64 of A-Z a-z 0-9 _ . : -); NULL or
+-- [] any caller. Registering a withdrawn procedure brings it back.
+-- Errors: 50001 no such procedure, 50002 unsupported parameter types or bad optional list,
+--         50003 unknown queue, 50005 bad maxAttempts, timeout or roles.
+CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecRegister
+    @procedure          nvarchar(261),
+    @queue              nvarchar(100) = N'default',
+    @maxAttempts        int = 1,
+    @timeoutMs          int = NULL,
+    @optionalParameters nvarchar(max) = NULL,
+    @roles              nvarchar(max) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET XACT_ABORT ON;
+    DECLARE @message nvarchar(2048), @object int, @schema sysname, @name sysname, @registered nvarchar(261), @problems nvarchar(max);
+
+    IF PARSENAME(@procedure, 3) IS NULL AND PARSENAME(@procedure, 1) IS NOT NULL
+        SET @object = OBJECT_ID(QUOTENAME(COALESCE(PARSENAME(@procedure, 2), N'dbo')) + N'.' + QUOTENAME(PARSENAME(@procedure, 1)), N'P');
+    IF @object IS NULL
+    BEGIN
+        SET @message = CONCAT(N'"', @procedure, N'" is not a T-SQL stored procedure in this database (write schema.procedure)');
+        THROW 50001, @message, 1;
+    END;
+    SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
+    SET @registered = @schema + N'.' + @name;
+
+    IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100 OR @timeoutMs <= 0
+    BEGIN
+        SET @message = N'maxAttempts must be between 1 and 100 and timeoutMs positive';
+        THROW 50005, @message, 1;
+    END;
+    IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecQueues WHERE name = @queue)
+    BEGIN
+        SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+        THROW 50003, @message, 1;
+    END;
+    IF @optionalParameters IS NOT NULL AND (ISJSON(@optionalParameters) = 0 OR LEFT(LTRIM(@optionalParameters), 1) <> N'[')
+    BEGIN
+        SET @message = N'optionalParameters must be a JSON array of parameter names';
+        THROW 50002, @message, 1;
+    END;
+
+    -- Role names: a JSON array of strings (type 1) that are names. Blanks become '#' before the
+    -- LIKE, so a trailing blank, which comparisons may ignore, is caught as a bad character;
+    -- the binary collation keeps the ranges to ASCII letters and digits.
+    SET @roles = COALESCE(@roles, N'[]');
+    IF ISJSON(@roles) = 0 OR LEFT(@roles, 1) <> N'['   -- as CK_AsyncExecProcedures_roles has it
+       OR EXISTS (SELECT 1 FROM OPENJSON(@roles) AS o
+                   WHERE o.[type] <> 1 OR DATALENGTH(o.[value]) NOT BETWEEN 2 AND 128
+                      OR REPLACE(o.[value] COLLATE Latin1_General_BIN2, N' ', N'#') LIKE N'%[^A-Za-z0-9_.:-]%')
+    BEGIN
+        SET @message = N'roles must be a JSON array of role names: 1 to 64 characters of A-Z a-z 0-9 _ . : -';
+        THROW 50005, @message, 1;
+    END;
+
+    SELECT @problems = STRING_AGG(CAST(problem AS nvarchar(max)), N'; ')
+    FROM (
+        SELECT CONCAT(N'parameter ', p.name, N' has an unsupported type (',
+                      CASE WHEN t.is_table_type = 1 THEN N'table type' ELSE TYPE_NAME(p.user_type_id) END, N')') AS problem
+        FROM sys.parameters AS p
+        JOIN sys.types AS t ON t.user_type_id = p.user_type_id
+        WHERE p.object_id = @object AND p.parameter_id > 0
+          AND (p.is_readonly = 1 OR t.is_table_type = 1 OR t.is_assembly_type = 1
+               OR TYPE_NAME(p.system_type_id) NOT IN (N'bigint', N'int', N'smallint', N'tinyint', N'bit',
+                                                      N'decimal', N'numeric', N'money', N'smallmoney', N'float', N'real',
+                                                      N'date', N'time', N'datetime', N'datetime2', N'datetimeoffset', N'smalldatetime',
+                                                      N'char', N'varchar', N'nchar', N'nvarchar', N'binary', N'varbinary',
+                                                      N'uniqueidentifier'))
+        UNION ALL
+        SELECT CONCAT(N'optional parameter "', o.[value], N'" is not an input parameter')
+        FROM OPENJSON(@optionalParameters) AS o
+        WHERE NOT EXISTS (SELECT 1 FROM sys.parameters AS p
+                          WHERE p.object_id = @object AND p.parameter_id > 0
+                            AND SUBSTRING(p.name, 2, 128) COLLATE Latin1_General_BIN2 = o.[value] COLLATE Latin1_General_BIN2)
+    ) AS found;
+    IF @problems IS NOT NULL
+    BEGIN
+        SET @message = LEFT(CONCAT(N'cannot register ', @registered, N': ', @problems), 2048);
+        THROW 50002, @message, 1;
+    END;
+
+    UPDATE asyncexec.AsyncExecProcedures
+       SET queue = @queue, max_attempts = @maxAttempts, timeout_ms = @timeoutMs, optional_parameters = @optionalParameters,
+           roles = @roles, unregistered_at = NULL
+     WHERE schema_name = @schema AND procedure_name = @name;
+    IF @@ROWCOUNT = 0
+        INSERT asyncexec.AsyncExecProcedures (name, schema_name, procedure_name, queue, max_attempts, timeout_ms, optional_parameters, roles)
+        VALUES (@registered, @schema, @name, @queue, @maxAttempts, @timeoutMs, @optionalParameters, @roles);
+
+    SELECT @registered AS name;
+END;
