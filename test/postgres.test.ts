@@ -221,6 +221,45 @@ describe('retention', () => {
   });
 });
 
+describe('retention in small transactions', () => {
+  it('one purge call deletes at most max_rows executions, never splits a batch, never touches unfinished work', async () => {
+    const tag = `purge-${Date.now()}`;
+    const calls = Array.from({ length: 25 }, () => ({ procedure: 'demo.record', arguments: { tag } }));
+    const executions = await engine.withTransaction(async (tx) => {
+      const out: Execution[] = [];
+      for (const call of calls) out.push(await engine.invoke(tx, call));
+      return out;
+    });
+    const batch = await engine.submitBatch([[{ procedure: 'demo.noop', arguments: {} }, { procedure: 'demo.noop', arguments: {} }], [{ procedure: 'demo.noop', arguments: {} }]]);
+    await waitFor(async () => (await engine.getExecutions(executions.map((e) => e.token))).every((e) => e.status === 'SUCCEEDED'));
+    await waitFor(async () => (await engine.getBatch(batch.id))?.status === 'SUCCEEDED');
+    const waiting = await engine.withTransaction((tx) =>
+      engine.invoke(tx, { procedure: 'demo.noop', arguments: {}, runAt: new Date(Date.now() + 3_600_000) }),
+    );
+    // everything old but the waiting call (which has not finished: it has no finished_at to age)
+    await sql.query(`update asyncproc.executions set finished_at = now() - interval '8 days' where finished_at is not null`);
+    await sql.query(`update asyncproc.batches set finished_at = now() - interval '8 days' where finished_at is not null`);
+    const purge = async (maxRows: number) => (await sql.query(`select asyncproc.purge(interval '7 days', $1) as n`, [maxRows])).rows[0].n as number;
+    const counts: number[] = [];
+    for (let n = await purge(10); n > 0; n = await purge(10)) counts.push(n);
+    assert.ok(counts.length >= 3, `several small calls: ${counts}`);
+    assert.ok(counts.slice(0, -1).every((n) => n >= 10 && n <= 12), `each call at most its budget, plus at most one whole batch: ${counts}`);
+    assert.equal(await engine.getBatch(batch.id), null, 'the batch went, whole');
+    assert.equal((await sql.query(`select count(*)::int as n from asyncproc.executions where batch_id = $1`, [batch.id])).rows[0].n, 0);
+    assert.equal((await engine.getExecution(waiting.token))?.status, 'WAITING', 'unfinished work stays');
+    assert.equal((await sql.query(`select count(*)::int as n from asyncproc.executions where finished_at is not null`)).rows[0].n, 0);
+  });
+
+  it('a batch is never split across purge calls, even with a budget smaller than the batch', async () => {
+    const batch = await engine.submitBatch([[{ procedure: 'demo.noop', arguments: {} }, { procedure: 'demo.noop', arguments: {} }, { procedure: 'demo.noop', arguments: {} }]]);
+    await waitFor(async () => (await engine.getBatch(batch.id))?.status === 'SUCCEEDED');
+    await sql.query(`update asyncproc.executions set finished_at = now() - interval '8 days' where batch_id = $1`, [batch.id]);
+    await sql.query(`update asyncproc.batches set finished_at = now() - interval '8 days' where id = $1`, [batch.id]);
+    assert.equal((await sql.query(`select asyncproc.purge(interval '7 days', 1) as n`)).rows[0].n, 3);
+    assert.equal(await engine.getBatch(batch.id), null);
+  });
+});
+
 describe('SQL interface for batches', () => {
   it('asyncproc.invoke_batch is part of the caller transaction and returns the batch id', async () => {
     const stages = JSON.stringify([[{ procedure: 'demo.record', arguments: { tag: 'sql-batch' } }], [{ procedure: 'demo.record', arguments: { tag: 'sql-batch' } }]]);

@@ -24,6 +24,9 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
 }
 
 const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
+/** Executions one purge transaction deletes at most, and the time one housekeeping round may purge. */
+const PURGE_ROWS = 1000;
+const PURGE_BUDGET_MS = 2000;
 /** Claims between two vacuums of the ready table. */
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
@@ -339,7 +342,7 @@ export class PostgresActivator implements Closeable {
       await this.vacuumReady();
       if (Date.now() - this.lastPurge > 60_000) {
         this.lastPurge = Date.now();
-        await this.pool.query(`select asyncproc.purge($1::interval)`, [`${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`]);
+        await this.purge();
         await this.refreshQueues();
       }
     } catch (error) {
@@ -347,6 +350,26 @@ export class PostgresActivator implements Closeable {
     }
     // a fallback in case a notification was missed
     for (const queue of this.queues.values()) queue.doorbell.ring();
+  }
+
+  /**
+   * Retention in small transactions: asyncproc.purge deletes at most PURGE_ROWS executions
+   * a call; call it again while it finds that many, for at most PURGE_BUDGET_MS, so a day's
+   * million finished calls never become one long transaction holding locks while workers run.
+   */
+  private async purge(): Promise<number> {
+    const started = Date.now();
+    let total = 0;
+    for (;;) {
+      const { rows } = await this.pool.query<{ n: number }>(`select asyncproc.purge($1::interval, $2) as n`, [
+        `${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`,
+        PURGE_ROWS,
+      ]);
+      total += rows[0].n;
+      if (rows[0].n < PURGE_ROWS || Date.now() - started > PURGE_BUDGET_MS || this.stopping) break;
+    }
+    if (total) this.options.logger.info({ purged: total }, 'purged finished history past the retention');
+    return total;
   }
 
   /** Work was just committed on these queues (by this process): wake a slot at once. */
