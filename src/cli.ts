@@ -15,13 +15,17 @@ const SCHEMA_FILE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 
 async function runUntilSignal(start: () => Promise<App>): Promise<void> {
   const app = await start();
+  let stopping = false;
   const stop = async (signal: string) => {
+    // Ctrl-C reaches us twice (from the terminal and forwarded by npm): the second must not cut the orderly stop short
+    if (stopping) return;
+    stopping = true;
     process.stderr.write(`asyncproc: ${signal}, stopping\n`);
     await app.stop();
     process.exit(0);
   };
-  process.once('SIGINT', () => void stop('SIGINT'));
-  process.once('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
 }
 
 function config(options: { demo?: boolean }) {
