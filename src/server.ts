@@ -140,6 +140,14 @@ export function createYogaApp(options: ServerOptions) {
 export async function startServer(options: ServerOptions & { port: number; host?: string }): Promise<RunningServer> {
   const yoga = createYogaApp(options);
   const server = createHttpServer(yoga);
+  // listen before the WebSocket server attaches: it would report a busy port as its own "internal error"
+  await new Promise<void>((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(options.port, options.host ?? '0.0.0.0', () => {
+      server.off('error', reject);
+      resolve();
+    });
+  });
   const wss = new WebSocketServer({
     server,
     path: yoga.graphqlEndpoint,
@@ -225,10 +233,6 @@ export async function startServer(options: ServerOptions & { port: number; host?
     wss,
   );
 
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(options.port, options.host ?? '0.0.0.0', () => resolve());
-  });
   const port = (server.address() as AddressInfo).port;
   return {
     server,

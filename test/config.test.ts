@@ -52,10 +52,10 @@ describe('configuration from the environment', () => {
     assert.equal(loadConfig({ ASYNCPROC_EMBEDDED: 'false', DATABASE_URL: 'postgres://h/db' }).ASYNCPROC_EMBEDDED, false);
   });
 
-  it('`worker` needs DATABASE_URL', () => {
-    const result = runCli('worker', { DATABASE_URL: '' });
+  it('`worker` needs DATABASE_URL, or a running `npm start` whose embedded database it joins', () => {
+    const result = runCli('worker', { DATABASE_URL: '', ASYNCPROC_EMBEDDED_PORT: '1' });
     assert.equal(result.status, 1);
-    assert.match(result.stderr, /DATABASE_URL is required by `worker`/);
+    assert.match(result.stderr, /no database: set DATABASE_URL, or start the service \(npm start\)/);
   });
 
   it('a bad value stops the service with that message', () => {

@@ -1,0 +1,130 @@
+/**
+ * A service that cannot start says why in one line on stderr — the cause, the variable to
+ * change, the fix — and exits 1, without a stack trace. Each failure is provoked for real.
+ */
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { createServer, type Server } from 'node:net';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import { freePort, startTestCluster, type TestCluster } from './support/database.js';
+
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+/** Run the CLI as `npm start` does, to its end (it must fail fast). */
+function runCli(command: string, env: Record<string, string>): Promise<{ code: number | null; stderr: string; stdout: string }> {
+  const { DATABASE_URL: _unset, ...inherited } = process.env;
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', command], {
+    cwd: ROOT,
+    env: { ...inherited, LOG_LEVEL: 'warn', ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (chunk) => (stdout += chunk));
+  child.stderr.on('data', (chunk) => (stderr += chunk));
+  const timer = setTimeout(() => child.kill('SIGTERM'), 60_000);
+  return new Promise((resolve) =>
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      resolve({ code, stderr, stdout });
+    }),
+  );
+}
+
+async function assertOneLine(command: string, env: Record<string, string>, expected: RegExp): Promise<void> {
+  const { code, stderr, stdout } = await runCli(command, env);
+  assert.equal(code, 1, `exit code (stderr: ${stderr}, stdout: ${stdout})`);
+  const lines = stderr.trimEnd().split('\n');
+  assert.equal(lines.length, 1, `one line on stderr, got:\n${stderr}`);
+  assert.match(lines[0], /^asyncproc: /);
+  assert.match(lines[0], expected);
+  assert.doesNotMatch(stderr, /^\s+at /m, 'no stack trace');
+}
+
+const listening = (port: number) =>
+  new Promise<Server>((resolve, reject) => {
+    const server = createServer();
+    server.once('error', reject);
+    server.listen(port, () => resolve(server));
+  });
+
+describe('start-up failures are one line naming the variable', () => {
+  let dir: string;
+  let cluster: TestCluster;
+  let busy: Server;
+  let busyPort: number;
+  before(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-startup-'));
+    await chmod(dir, 0o755); // the embedded server runs as `postgres` when tests run as root
+    cluster = await startTestCluster();
+    busyPort = await freePort();
+    busy = await listening(busyPort);
+  });
+  after(async () => {
+    busy?.close();
+    await cluster?.stop();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const embedded = async (name: string) => ({ ASYNCPROC_DATA_DIR: path.join(dir, name), ASYNCPROC_EMBEDDED_PORT: String(await freePort()) });
+
+  it('a busy PORT', async () => {
+    const re = new RegExp(`port ${busyPort} is in use \\(PORT=${busyPort}\\): stop the other process or set PORT=`);
+    await assertOneLine('serve', { ...(await embedded('busy-port')), PORT: String(busyPort) }, re);
+  });
+
+  it('a busy ASYNCPROC_EMBEDDED_PORT', async () => {
+    await assertOneLine(
+      'serve',
+      { ...(await embedded('busy-embedded')), ASYNCPROC_EMBEDDED_PORT: String(busyPort), PORT: String(await freePort()) },
+      new RegExp(`port ${busyPort} is in use \\(ASYNCPROC_EMBEDDED_PORT=${busyPort}\\)`),
+    );
+  });
+
+  it('an ASYNCPROC_DATA_DIR that is a file', async () => {
+    const file = path.join(dir, 'a-file');
+    await writeFile(file, 'not a folder');
+    await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: file, PORT: String(await freePort()) }, /ASYNCPROC_DATA_DIR=.*a-file/);
+  });
+
+  it('an ASYNCPROC_DATA_DIR that holds something else', async () => {
+    const folder = path.join(dir, 'photos');
+    await mkdir(folder);
+    await writeFile(path.join(folder, 'cat.jpg'), '');
+    await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: folder, PORT: String(await freePort()) }, /not empty.*ASYNCPROC_DATA_DIR=.*photos/);
+  });
+
+  const withDatabase = (url: string) => ({ DATABASE_URL: url, ASYNCPROC_AUTH: 'none', PORT: '0' });
+
+  it('a DATABASE_URL nothing answers on (password masked)', async () => {
+    const port = await freePort();
+    await assertOneLine('serve', withDatabase(`postgres://app:s3cret@127.0.0.1:${port}/app`), new RegExp(`no database answers at 127\\.0\\.0\\.1:${port} \\(DATABASE_URL=postgres://app:\\*\\*\\*@`));
+  });
+
+  it('a DATABASE_URL whose host does not resolve', async () => {
+    await assertOneLine('serve', withDatabase('postgres://app:s3cret@no-such-host.invalid/app'), /cannot be resolved \(DATABASE_URL=postgres:\/\/app:\*\*\*@no-such-host\.invalid/);
+  });
+
+  it('a wrong password', async () => {
+    const url = new URL(cluster.server.url);
+    url.password = 'wrong';
+    await assertOneLine('serve', withDatabase(url.toString()), /password authentication failed.*DATABASE_URL=postgres:\/\/postgres:\*\*\*@.*fix the user and password/);
+  });
+
+  it('a database that does not exist', async () => {
+    await assertOneLine('serve', withDatabase(cluster.server.url.replace(/\/postgres$/, '/nowhere')), /"nowhere" does not exist.*DATABASE_URL=/);
+  });
+
+  it('bad configuration, several problems at once', async () => {
+    await assertOneLine('serve', { PORT: 'eighty', LOG_LEVEL: 'loud' }, /invalid configuration: PORT="eighty": .*; LOG_LEVEL="loud"/);
+  });
+
+  it('`worker` with no DATABASE_URL and no `npm start` running', async () => {
+    const port = await freePort();
+    await assertOneLine('worker', { ASYNCPROC_EMBEDDED_PORT: String(port) }, new RegExp(`no database: set DATABASE_URL, or start the service \\(npm start\\).*ASYNCPROC_EMBEDDED_PORT=${port}`));
+  });
+});
