@@ -42,11 +42,10 @@ describe('the package, used from outside the repository', () => {
     );
 
     db = await startDemoDatabase();
-    // what the README's SQL section sets up
-    await db.sql.query(`create table orders (id bigint primary key, total numeric not null);
-      create schema billing;
-      create procedure billing.charge_order(order_id bigint) language plpgsql as $$ begin perform pg_sleep(0); end $$;
-      select asyncproc.register('billing.charge_order(bigint)');`);
+    // the README's own set-up block: the table and procedures its examples use
+    const setup = [...readme.matchAll(/```sql\n([\s\S]*?)```/g)].map((m) => m[1]).find((block) => /create table if not exists billing\.orders/.test(block));
+    assert.ok(setup, "the README's SQL block that creates billing.orders");
+    await db.sql.query(setup);
   });
   after(async () => {
     await db?.sql.end();
@@ -69,7 +68,7 @@ describe('the package, used from outside the repository', () => {
     );
     assert.match(stdout.trim(), /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
     assert.ok(Date.now() - started < 15_000);
-    const { rows } = await db.sql.query('select total from orders where id = 42');
+    const { rows } = await db.sql.query('select total from billing.orders where id = 44');
     assert.equal(rows.length, 1, "the example's own write committed with the call");
     assert.ok(await db.engine.getExecution(stdout.trim()), 'the call was submitted');
   });
