@@ -10,6 +10,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import { embeddedUrl } from '../src/embeddedPostgres.js';
 import { freePort, startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -87,13 +88,15 @@ describe('npm start', () => {
     it(`stops the service and its embedded PostgreSQL within seconds on ${signal} to the pid npm start made`, async () => {
       const port = await freePort();
       const dataDir = path.join(dir, `data-${signal}`);
-      const started = npm(['start'], { PORT: String(port), ASYNCPROC_EMBEDDED_PORT: String(await freePort()), ASYNCPROC_DATA_DIR: dataDir });
+      const embeddedPort = await freePort();
+      const started = npm(['start'], { PORT: String(port), ASYNCPROC_EMBEDDED_PORT: String(embeddedPort), ASYNCPROC_DATA_DIR: dataDir });
       let tree: number[] = [];
       let postmaster: number | undefined;
       try {
         await waitFor(async () => started.npm.exitCode === null && (await health(port)), 60_000, `/health to answer:\n${started.output()}`);
         postmaster = Number((await readFile(path.join(dataDir, 'postmaster.pid'), 'utf8')).split('\n')[0]);
         assert.ok(alive(postmaster), 'the embedded postmaster runs');
+        assert.ok(started.output().includes(embeddedUrl(embeddedPort)), 'the start-up log gives the embedded database\'s URL');
         tree = await descendants(started.npm.pid!);
 
         process.kill(started.npm.pid!, signal);
