@@ -36,6 +36,7 @@ async function openDatabase(config: Config, logger: Logger, role: 'serve' | 'wor
       // only the default location may move; an explicit ASYNCPROC_DATA_DIR is kept or refused
       fallbackDataDir: config.ASYNCPROC_DATA_DIR ? undefined : path.join('/var/lib/asyncproc', createHash('sha1').update(path.resolve('.data')).digest('hex').slice(0, 12)),
       onFallback: (dataDir, reason) => logger.warn({ dataDir, reason }, 'embedded PostgreSQL data kept in a fallback folder'),
+      onLeftover: (message) => logger.warn(message),
     }).catch((error: unknown) => {
       throw embeddedFailure(error, config);
     });

