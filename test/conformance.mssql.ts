@@ -32,6 +32,7 @@ if (url) {
           .query<{ n: number }>('SELECT COUNT(*) AS n FROM demo.ledger WHERE tag = @tag');
         return Number(result.recordset[0].n);
       },
+      second: () => createMssqlEngine({ url, allowKill: true }),
       close: () => engine.close(),
     };
   });

@@ -1,4 +1,5 @@
 import { after } from 'node:test';
+import { createPostgresEngine } from '../src/engines/postgres/index.js';
 import { runConformance } from './conformance.js';
 import { startDemoDatabase, type DemoDatabase } from './support/database.js';
 
@@ -14,6 +15,7 @@ runConformance('postgres', async () => {
   return {
     engine,
     ledgerCount: async (tag) => Number((await sql.query<{ n: string }>('select count(*) as n from demo.ledger where tag = $1', [tag])).rows[0].n),
+    second: async () => createPostgresEngine({ connectionString: db!.url }),
     close: () => engine.close(),
   };
 });

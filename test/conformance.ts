@@ -15,6 +15,8 @@ import {
   type ExecutionEvent,
   type InvokeCall,
 } from '../src/engine.js';
+import { CompletionHub } from '../src/completionHub.js';
+import { silentLogger } from '../src/logger.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
 export interface EngineHarness {
@@ -22,6 +24,8 @@ export interface EngineHarness {
   engine: Engine<any>;
   /** Rows of demo.ledger carrying this tag, counted with the engine's own SQL. */
   ledgerCount(tag: string): Promise<number>;
+  /** Another engine on the same database, as a second service instance opens it (the caller closes it). */
+  second?(): Promise<Engine<any>>;
   close(): Promise<void>;
 }
 
@@ -836,6 +840,60 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.deepEqual(tokens(read.changes.map((c) => c.execution)), tokens(mine));
       const all = await engine.readChanges(position, { filter: { queue }, limit: 1000 });
       assert.equal(all.changes.length, 5);
+    });
+
+    describe('two instances', () => {
+      it('every instance hears every completion from its listener (the hubs do not poll)', async (t) => {
+        if (!harness.second) return t.skip('the harness opens no second instance');
+        const queue = unique('two');
+        await engine.configureQueue(queue, 4);
+        const engines = [engine, await harness.second()];
+        // an hour between polls: within this test only a listener's notification makes a hub read
+        const hubs = engines.map((e) => new CompletionHub(e, silentLogger, { pollMs: 3_600_000 }));
+        const parts: Closeable[] = [];
+        const streams: AsyncIterableIterator<ExecutionEvent>[] = [];
+        try {
+          for (const [i, hub] of hubs.entries()) {
+            await hub.start();
+            parts.push(await engines[i].startListener(hub));
+          }
+          /** Per hub: token → the statuses its stream delivered. */
+          const heard = hubs.map(() => new Map<string, string[]>());
+          const reading = hubs.map(async (hub, i) => {
+            const stream = hub.events({ queue }, null);
+            streams.push(stream);
+            for await (const event of stream) {
+              const list = heard[i].get(event.execution.token) ?? [];
+              list.push(event.execution.status);
+              heard[i].set(event.execution.token, list);
+            }
+          });
+          // the streams have joined the feed (each reads its position once) before anything runs
+          await waitFor(async () => hubs.every((hub) => hub.size === 1), 10_000, 'both streams to open');
+          // calls that take a moment, so each ends after both streams have joined the feed;
+          // submitted through each instance in turn
+          const submitted: Execution[] = [];
+          for (let i = 0; i < 4; i++) {
+            const through = engines[i % 2];
+            submitted.push(await through.withTransaction((tx) => through.invoke(tx, { procedure: 'demo.sleep', arguments: { seconds: 0.3 }, queue })));
+          }
+          await finished(submitted.map((e) => e.token));
+          for (const [i, map] of heard.entries()) {
+            await waitFor(
+              async () => submitted.every((e) => map.get(e.token)?.includes('SUCCEEDED')),
+              20_000,
+              `instance ${i + 1} to hear every completion`,
+            );
+          }
+          await Promise.all(streams.map((stream) => stream.return?.()));
+          await Promise.all(reading);
+        } finally {
+          await Promise.all(streams.map((stream) => stream.return?.()));
+          for (const part of parts.reverse()) await part.close();
+          for (const hub of hubs) await hub.close();
+          await engines[1].close();
+        }
+      });
     });
   });
 }

@@ -70,3 +70,29 @@ export async function checkOwner(pool: sql.ConnectionPool, logger: Logger): Prom
     );
   }
 }
+
+/**
+ * READ_COMMITTED_SNAPSHOT must be on (sys.databases.is_read_committed_snapshot_on). With it,
+ * READ COMMITTED reads the last committed version of a row instead of waiting for the
+ * transaction that holds it, so the change feed (readChanges), the listings and the
+ * subscriptions' re-reads never wait for a running call or for a caller's open transaction.
+ * Without it each such read blocks behind them, on top of the delay MIN_ACTIVE_ROWVERSION()
+ * already imposes (docs/mssql.md, "How soon an event is read").
+ */
+export function readCommittedSnapshotProblem(db: { name: string; is_read_committed_snapshot_on: boolean } | undefined): string | null {
+  if (!db || db.is_read_committed_snapshot_on) return null;
+  return (
+    `READ_COMMITTED_SNAPSHOT is off in database [${db.name}]: reads of the results table would wait for every running call. ` +
+    `Turn it on (it needs a moment with no other connection in the database): ` +
+    `ALTER DATABASE [${db.name.replace(/]/g, ']]')}] SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;`
+  );
+}
+
+/** Refuses to start on a database without READ_COMMITTED_SNAPSHOT (see readCommittedSnapshotProblem). */
+export async function checkReadCommittedSnapshot(pool: sql.ConnectionPool): Promise<void> {
+  const result = await pool.request().query<{ name: string; is_read_committed_snapshot_on: boolean }>(
+    'SELECT name, is_read_committed_snapshot_on FROM sys.databases WHERE database_id = DB_ID()',
+  );
+  const problem = readCommittedSnapshotProblem(result.recordset[0]);
+  if (problem) throw new Error(problem);
+}

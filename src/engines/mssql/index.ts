@@ -26,7 +26,7 @@ import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { cancelBatch } from './cancelBatch.js';
-import { checkBroker, checkOwner, checkQueues } from './checks.js';
+import { checkBroker, checkOwner, checkQueues, checkReadCommittedSnapshot } from './checks.js';
 import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, listRunning, readChanges } from './executions.js';
 import { isToken } from './types.js';
@@ -109,6 +109,7 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     await checkBroker(this.pool);
     await checkQueues(this.pool, this.logger);
     await checkOwner(this.pool, this.logger);
+    await checkReadCommittedSnapshot(this.pool);
   }
 
   installDemo(): Promise<void> {

@@ -1,3 +1,5 @@
+import { randomUUID } from 'node:crypto';
+import { hostname } from 'node:os';
 import sql from 'mssql';
 import { toError, type Closeable, type ListenerSink } from '../../engine.js';
 import type { Logger } from '../../logger.js';
@@ -6,94 +8,273 @@ export interface MssqlListenerOptions {
   config: sql.config;
   sink: ListenerSink;
   logger: Logger;
-  /** WAITFOR … TIMEOUT of one RECEIVE. @default 1000 */
+  /** WAITFOR … TIMEOUT of one RECEIVE from the notification queue. @default 1000 */
   waitMs?: number;
   /** Most messages taken per round trip. @default 500 */
   batchSize?: number;
   /** Longest pause between reconnect attempts. @default 30000 */
   maxBackoffMs?: number;
+  /**
+   * Wake the other instances after each batch received, and be woken by them (a wake-up
+   * queue of this instance's own, see docs/mssql.md "Every instance hears every completion").
+   * Off: the others hear of this instance's batches from their poll only. @default true
+   */
+  fanOut?: boolean;
+  /** WAITFOR timeout on the wake-up queue, and so the heartbeat period. @default 5000 */
+  wakeWaitMs?: number;
+  /** A listener without a heartbeat this long is no longer woken, and is swept. @default 60 */
+  staleSeconds?: number;
 }
 
 const END_DIALOG = 'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog';
 const ERROR = 'http://schemas.microsoft.com/SQL/ServiceBroker/Error';
 
+/** Ends of one dialog tried and failed this many times are given up (logged, never retried). */
+export const MAX_END_ATTEMPTS = 5;
+
 /**
- * One round trip: wait for the first messages, then take whatever else is queued
- * (each RECEIVE returns the messages of one conversation group, i.e. of one call),
- * end the dialogs whose EndDialog or Error arrived, commit, and return the status
- * changes. XACT_ABORT makes a cancelled or timed-out batch roll back its RECEIVEs.
+ * END CONVERSATION for each handle `handles` selects, each in its own TRY…CATCH, with no
+ * transaction open (so a failure rolls back that END alone and XACT_STATE() is 0 in the
+ * CATCH); each failure goes to @failed (handle, error number, message), declared by the caller
+ * with @h.
  */
-function receiveBatch(waitMs: number, batchSize: number): string {
-  return `SET NOCOUNT ON; SET XACT_ABORT ON;
-DECLARE @m TABLE (conversation_handle uniqueidentifier, message_type_name sysname, message_body varbinary(max), queuing_order bigint);
-DECLARE @got int, @total int, @h uniqueidentifier;
-BEGIN TRANSACTION;
-WAITFOR (RECEIVE conversation_handle, message_type_name, message_body, queuing_order
-           FROM asyncexec.AsyncExecNotifyQueue INTO @m), TIMEOUT ${waitMs};
-SELECT @got = @@ROWCOUNT;
-SET @total = @got;
-WHILE @got > 0 AND @total < ${batchSize}
-BEGIN
-    SET @got = 0;   -- RECEIVE must follow a statement ended by a semicolon
-    RECEIVE TOP (${batchSize}) conversation_handle, message_type_name, message_body, queuing_order
-      FROM asyncexec.AsyncExecNotifyQueue INTO @m;
-    SELECT @got = @@ROWCOUNT;
-    SET @total += @got;
-END;
-DECLARE ends CURSOR LOCAL FAST_FORWARD FOR
-    SELECT DISTINCT conversation_handle FROM @m WHERE message_type_name IN (N'${END_DIALOG}', N'${ERROR}');
+function endEach(handles: string): string {
+  return `DECLARE ends CURSOR LOCAL STATIC FOR
+    ${handles};
 OPEN ends;
 FETCH NEXT FROM ends INTO @h;
 WHILE @@FETCH_STATUS = 0
 BEGIN
-    END CONVERSATION @h;   -- the activated side has ended already: this completes the dialog
+    BEGIN TRY
+        END CONVERSATION @h;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        INSERT @failed VALUES (@h, ERROR_NUMBER(), ERROR_MESSAGE());
+    END CATCH;
     FETCH NEXT FROM ends INTO @h;
 END;
 CLOSE ends;
-DEALLOCATE ends;
+DEALLOCATE ends;`;
+}
+
+/**
+ * One round trip on the notification queue. Wait for the first messages, take whatever
+ * else is queued (each RECEIVE returns the messages of one conversation group, i.e. of one
+ * call), and COMMIT: the messages are consumed whatever happens next. Only then end the
+ * dialogs whose EndDialog or Error arrived, each in its own TRY…CATCH, outside any
+ * transaction. An END CONVERSATION that fails (a login that is neither the dialog's owner
+ * nor db_owner nor sysadmin may not end it: END CONVERSATION, Permissions) used to roll the
+ * RECEIVE back under XACT_ABORT, so the same messages came back every cycle and nothing
+ * was delivered again. Now it is reported in the second result set (handle, error) and
+ * retried a few times by retryEndsBatch.
+ *
+ * XACT_ABORT stays ON for the receive transaction: a cancelled or timed-out batch rolls
+ * its RECEIVEs back (the messages stay queued). It is turned OFF after the COMMIT: with no
+ * transaction open, each END is its own autocommit transaction, so a failed one rolls back
+ * alone and the CATCH finds XACT_STATE() = 0 (XACT_STATE: a -1 state allows only a full
+ * rollback, which ON would force on any error inside a TRY…CATCH around an open transaction).
+ * The @m table variable keeps its rows through any rollback, so the Status rows are
+ * returned whatever the ends did.
+ */
+export function receiveBatch(waitMs: number, batchSize: number): string {
+  const wait = Math.max(0, Math.trunc(waitMs));
+  const size = Math.max(1, Math.trunc(batchSize));
+  return `SET NOCOUNT ON; SET XACT_ABORT ON;
+DECLARE @m TABLE (conversation_handle uniqueidentifier, message_type_name sysname, message_body varbinary(max), queuing_order bigint);
+DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
+DECLARE @got int, @total int, @h uniqueidentifier;
+BEGIN TRANSACTION;
+WAITFOR (RECEIVE conversation_handle, message_type_name, message_body, queuing_order
+           FROM asyncexec.AsyncExecNotifyQueue INTO @m), TIMEOUT ${wait};
+SELECT @got = @@ROWCOUNT;
+SET @total = @got;
+WHILE @got > 0 AND @total < ${size}
+BEGIN
+    SET @got = 0;   -- RECEIVE must follow a statement ended by a semicolon
+    RECEIVE TOP (${size}) conversation_handle, message_type_name, message_body, queuing_order
+      FROM asyncexec.AsyncExecNotifyQueue INTO @m;
+    SELECT @got = @@ROWCOUNT;
+    SET @total += @got;
+END;
 COMMIT TRANSACTION;
+SET XACT_ABORT OFF;
+${endEach(`SELECT DISTINCT conversation_handle FROM @m WHERE message_type_name IN (N'${END_DIALOG}', N'${ERROR}')`)}
 SELECT CAST(message_body AS xml).value('(/status/@id)[1]', 'bigint') AS id,
        CAST(message_body AS xml).value('(/status/@status)[1]', 'varchar(10)') AS status,
        CAST(message_body AS xml).value('(/status/@cursor)[1]', 'varchar(18)') AS [cursor]
   FROM @m
  WHERE message_type_name = N'asyncexec/Status'
- ORDER BY queuing_order;`;
+ ORDER BY queuing_order;
+SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;
+SELECT @total AS received;`;
 }
 
 /**
- * Wakes the completion hub from the notification queue, on a connection of its own.
- * A message says that a status change committed; the hub then reads the change feed
- * (the table is the truth), which also covers what this process did not receive
- * (another instance's listener took it, or it happened while disconnected).
+ * End again the dialogs whose end failed before (@handles: a JSON array of handles), each
+ * in its own TRY…CATCH with no transaction open. A handle no longer in
+ * sys.conversation_endpoints was ended meanwhile (by an administrator, or NEW_BROKER):
+ * it counts as done. Returns the ones that failed again, with the error.
  */
-export class MssqlListener implements Closeable {
+export function retryEndsBatch(): string {
+  return `SET NOCOUNT ON; SET XACT_ABORT OFF;
+DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
+DECLARE @h uniqueidentifier;
+${endEach(`SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) AS j
+     WHERE EXISTS (SELECT 1 FROM sys.conversation_endpoints AS ce
+                    WHERE ce.conversation_handle = CONVERT(uniqueidentifier, j.[value]) AND ce.state <> 'CD')`)}
+SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;`;
+}
+
+/** A dialog end that failed, as the batches report it. */
+export interface EndFailure {
+  handle: string;
+  error_number: number | null;
+  error_message: string | null;
+}
+
+/** What one receive from the notification queue gave. */
+export interface ReceiveResult {
+  /** Messages taken (Status, EndDialog, Error). */
+  received: number;
+  /** Dialogs whose END CONVERSATION failed. */
+  failures: EndFailure[];
+}
+
+/**
+ * The poison count of dialog ends: each failed end is retried on the next cycles, and
+ * after MAX_END_ATTEMPTS failures given up for good (logged once as an error), so one dialog
+ * that cannot be ended costs a few statements, never a loop. The messages were consumed
+ * already: a given-up dialog is an endpoint left open (sys.conversation_endpoints, state
+ * DI), nothing undelivered.
+ */
+export class EndRetries {
+  private readonly attempts = new Map<string, number>();
+
+  constructor(private readonly limit = MAX_END_ATTEMPTS) {}
+
+  /** Count one failure; 'give-up' when this was the last attempt. */
+  failed(handle: string): 'retry' | 'give-up' {
+    const n = (this.attempts.get(handle) ?? 0) + 1;
+    if (n >= this.limit) {
+      this.attempts.delete(handle);
+      return 'give-up';
+    }
+    this.attempts.set(handle, n);
+    return 'retry';
+  }
+
+  /** Handles to try again, at most `max`. */
+  pending(max = 100): string[] {
+    return [...this.attempts.keys()].slice(0, max);
+  }
+
+  /** The retried handles that did not fail again are done. */
+  settle(tried: readonly string[], failedAgain: readonly EndFailure[]): void {
+    const again = new Set(failedAgain.map((f) => f.handle));
+    for (const handle of tried) if (!again.has(handle)) this.attempts.delete(handle);
+  }
+
+  get size(): number {
+    return this.attempts.size;
+  }
+}
+
+/** The I/O one cycle of the notification loop does, so that a test can drive the cycle. */
+export interface NotifyCycleSteps {
+  receive(): Promise<ReceiveResult>;
+  retryEnds(handles: readonly string[]): Promise<EndFailure[]>;
+  /** Wake the other instances (after a batch that took messages). */
+  wake(): Promise<void>;
+  /** Read the change feed (the sink's onChange). */
+  catchUp(): void;
+  logger: Logger;
+}
+
+/**
+ * One cycle of the notification loop: receive, then the catch-up whatever the receive did
+ * (a receive that failed is rethrown after it, so the loop backs off and reconnects), then
+ * wake the others, then the dialog ends that failed: counted, retried, given up. Only the
+ * receive can fail the cycle; a wake or an end that fails is logged and the cycle goes on.
+ */
+export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries): Promise<ReceiveResult> {
+  let result: ReceiveResult;
+  try {
+    result = await steps.receive();
+  } catch (error) {
+    steps.catchUp(); // the table is the truth: a receive that fails must not hold back delivery
+    throw error;
+  }
+  if (result.received) {
+    steps.catchUp();
+    await steps.wake().catch((error: unknown) => steps.logger.warn({ err: toError(error) }, 'could not wake the other instances; they hear of this batch from their poll'));
+  }
+  count(result.failures, retries, steps.logger);
+  const tried = retries.pending();
+  if (tried.length) {
+    try {
+      const again = await steps.retryEnds(tried);
+      retries.settle(tried, again);
+      count(again, retries, steps.logger);
+    } catch (error) {
+      steps.logger.warn({ err: toError(error) }, 'could not retry the dialog ends that failed');
+    }
+  }
+  return result;
+}
+
+function count(failures: readonly EndFailure[], retries: EndRetries, logger: Logger): void {
+  for (const failure of failures) {
+    const detail = { handle: failure.handle, errorNumber: failure.error_number, error: failure.error_message };
+    if (retries.failed(failure.handle) === 'give-up') {
+      logger.error(
+        detail,
+        `END CONVERSATION failed ${MAX_END_ATTEMPTS} times; the dialog's endpoint stays open (its messages were delivered). ` +
+          'The listener login must own the dialog or be db_owner (docs/mssql.md, Permissions); end it with END CONVERSATION as db_owner',
+      );
+    } else {
+      logger.warn(detail, 'END CONVERSATION failed; will try again');
+    }
+  }
+}
+
+/** A loop of one kind of round trip on a connection of its own, reconnecting with capped backoff. */
+class ConnectionLoop {
   private pool: sql.ConnectionPool | undefined;
   private pending: sql.Request | undefined;
   private closed = false;
   private loop: Promise<void> | undefined;
-  private readonly waitMs: number;
-  private readonly batchSize: number;
-  private readonly maxBackoffMs: number;
 
-  constructor(private readonly options: MssqlListenerOptions) {
-    this.waitMs = options.waitMs ?? 1000;
-    this.batchSize = options.batchSize ?? 500;
-    this.maxBackoffMs = options.maxBackoffMs ?? 30_000;
-  }
+  constructor(
+    private readonly name: string,
+    private readonly config: sql.config,
+    private readonly requestTimeout: number,
+    private readonly logger: Logger,
+    private readonly maxBackoffMs: number,
+    private readonly cycle: (request: () => sql.Request) => Promise<void>,
+    private readonly onFailure: (error: Error) => void,
+    private readonly onReconnect: () => void,
+  ) {}
 
   async start(): Promise<void> {
-    await this.connect();
+    if (!this.pool) await this.connect();
     this.loop = this.run();
   }
 
+  /** A request on this loop's connection (also for one-off calls before start()). */
+  async request(): Promise<sql.Request> {
+    const pool = this.pool ?? (await this.connect());
+    return this.track(pool.request());
+  }
+
+  private track(request: sql.Request): sql.Request {
+    this.pending = request;
+    return request;
+  }
+
   private async connect(): Promise<sql.ConnectionPool> {
-    const pool = new sql.ConnectionPool({
-      ...this.options.config,
-      // longer than the WAITFOR, so the driver never cancels a RECEIVE that is only waiting
-      requestTimeout: this.waitMs + 30_000,
-      pool: { min: 0, max: 1 },
-    });
-    pool.on('error', (error: unknown) => this.options.logger.warn({ err: error }, 'listener connection failed'));
+    const pool = new sql.ConnectionPool({ ...this.config, requestTimeout: this.requestTimeout, pool: { min: 0, max: 1 } });
+    pool.on('error', (error: unknown) => this.logger.warn({ err: error }, `${this.name} connection failed`));
     await pool.connect();
     this.pool = pool;
     return pool;
@@ -113,16 +294,18 @@ export class MssqlListener implements Closeable {
         const pool = this.pool ?? (await this.connect());
         if (lost) {
           lost = false;
-          this.options.logger.info('listener reconnected');
-          this.safely(() => this.options.sink.onChange());
+          this.logger.info(`${this.name} reconnected`);
+          this.onReconnect();
         }
-        await this.cycle(pool);
+        await this.cycle(() => this.track(pool.request()));
+        this.pending = undefined;
         backoff = 250;
       } catch (error) {
+        this.pending = undefined;
         if (this.closed) break;
         const err = toError(error);
-        this.options.logger.warn({ err, retryInMs: backoff }, 'listener lost its connection');
-        this.safely(() => this.options.sink.onError(err));
+        this.logger.warn({ err, retryInMs: backoff }, `${this.name} failed; reconnecting`);
+        this.onFailure(err);
         lost = true;
         await this.dropConnection();
         await new Promise((resolve) => setTimeout(resolve, backoff));
@@ -131,16 +314,155 @@ export class MssqlListener implements Closeable {
     }
   }
 
-  private async cycle(pool: sql.ConnectionPool): Promise<void> {
-    const request = pool.request();
-    this.pending = request;
-    let received: number;
-    try {
-      received = (await request.batch(receiveBatch(this.waitMs, this.batchSize))).recordset?.length ?? 0;
-    } finally {
-      this.pending = undefined;
+  /** Stop the loop (cancelling a WAITFOR now rather than at its timeout); the connection stays for `after`. */
+  async close(after?: () => Promise<void>): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    this.pending?.cancel();
+    await this.loop?.catch(() => undefined);
+    if (after) await after().catch((error: unknown) => this.logger.warn({ err: toError(error) }, `${this.name}: closing failed`));
+    await this.dropConnection();
+  }
+}
+
+/**
+ * Wakes the completion hub from the notification queue, on a connection of its own.
+ * A message says that a status change committed; the hub then reads the change feed
+ * (the table is the truth), which also covers what this process did not receive
+ * (another instance's listener took it, or it happened while disconnected).
+ *
+ * With fan-out (the default) the listener also registers a wake-up queue of its own and
+ * waits on it on a second connection: the instance that receives a batch from the shared
+ * notification queue wakes every other one, so every instance hears every completion
+ * at once, not at its next poll (docs/mssql.md).
+ */
+export class MssqlListener implements Closeable {
+  /** This instance's name in asyncexec.AsyncExecListeners. */
+  readonly instanceId = randomUUID();
+  private readonly waitMs: number;
+  private readonly batchSize: number;
+  private readonly wakeWaitMs: number;
+  private readonly staleSeconds: number;
+  private readonly retries = new EndRetries();
+  private readonly notify: ConnectionLoop;
+  private wakes: ConnectionLoop | undefined;
+  private registered = false;
+  private closed = false;
+  private lastSweep = 0;
+
+  constructor(private readonly options: MssqlListenerOptions) {
+    this.waitMs = options.waitMs ?? 1000;
+    this.batchSize = options.batchSize ?? 500;
+    this.wakeWaitMs = options.wakeWaitMs ?? 5000;
+    this.staleSeconds = options.staleSeconds ?? 60;
+    const maxBackoff = options.maxBackoffMs ?? 30_000;
+    const sink = options.sink;
+    this.notify = new ConnectionLoop(
+      'listener',
+      options.config,
+      // longer than the WAITFOR, so the driver never cancels a RECEIVE that is only waiting
+      this.waitMs + 30_000,
+      options.logger,
+      maxBackoff,
+      (request) => this.notifyCycle(request).then(() => undefined),
+      (error) => this.safely(() => sink.onError(error)),
+      () => this.safely(() => sink.onChange()),
+    );
+    if (options.fanOut ?? true) {
+      this.wakes = new ConnectionLoop(
+        'listener wake-up queue',
+        options.config,
+        this.wakeWaitMs + 30_000,
+        options.logger,
+        maxBackoff,
+        (request) => this.wakeCycle(request),
+        () => undefined,
+        () => this.safely(() => sink.onChange()),
+      );
     }
-    if (!this.closed && received) this.safely(() => this.options.sink.onChange());
+  }
+
+  async start(): Promise<void> {
+    await this.notify.start();
+    if (this.wakes) {
+      try {
+        await this.register(await this.wakes.request());
+        await this.wakes.start();
+      } catch (error) {
+        this.options.logger.error(
+          { err: toError(error), instanceId: this.instanceId },
+          'could not register this listener for wake-ups (EXECUTE on asyncexec.usp_AsyncExecListenerStart, migrations 0013 and later): ' +
+            'this instance hears completions received by other instances only from its once-a-second poll',
+        );
+        await this.wakes.close();
+        this.wakes = undefined;
+      }
+    }
+  }
+
+  private async register(request: sql.Request): Promise<void> {
+    await request
+      .input('instance', sql.UniqueIdentifier, this.instanceId)
+      .input('host', sql.NVarChar(128), hostname().slice(0, 128))
+      .input('processId', sql.Int, process.pid)
+      .input('staleSeconds', sql.Int, this.staleSeconds)
+      .execute('asyncexec.usp_AsyncExecListenerStart');
+    this.registered = true;
+    this.lastSweep = Date.now();
+  }
+
+  private notifyCycle(request: () => sql.Request): Promise<ReceiveResult> {
+    const { sink, logger } = this.options;
+    return notifyCycle(
+      {
+        receive: async () => {
+          const result = await request().batch(receiveBatch(this.waitMs, this.batchSize));
+          const sets = result.recordsets as unknown as [unknown[], EndFailure[], { received: number }[]];
+          return { received: sets[2]?.[0]?.received ?? 0, failures: sets[1] ?? [] };
+        },
+        retryEnds: async (handles) => {
+          const result = await request().input('handles', sql.NVarChar(sql.MAX), JSON.stringify(handles)).batch(retryEndsBatch());
+          return (result.recordset ?? []) as EndFailure[];
+        },
+        wake: async () => {
+          if (!this.registered || this.closed) return;
+          const result = await request()
+            .input('instance', sql.UniqueIdentifier, this.instanceId)
+            .input('staleSeconds', sql.Int, this.staleSeconds)
+            .execute<{ sent: number; failed: number; error_number: number | null; error_message: string | null }>('asyncexec.usp_AsyncExecListenerWake');
+          const row = result.recordset[0];
+          if (row?.failed || row?.error_number) {
+            logger.warn({ sent: row.sent, failed: row.failed, errorNumber: row.error_number, error: row.error_message }, 'some instances could not be woken');
+          }
+        },
+        catchUp: () => {
+          if (!this.closed) this.safely(() => sink.onChange());
+        },
+        logger,
+      },
+      this.retries,
+    );
+  }
+
+  private async wakeCycle(request: () => sql.Request): Promise<void> {
+    const { sink, logger } = this.options;
+    if (!this.registered || Date.now() - this.lastSweep > this.staleSeconds * 1000) {
+      // swept during a long pause, or time to sweep the dead: Start does both
+      await this.register(request());
+    }
+    const result = await request()
+      .input('instance', sql.UniqueIdentifier, this.instanceId)
+      .input('waitMs', sql.Int, this.wakeWaitMs)
+      .execute<{ wakes: number; ended: number; failed: number; registered: boolean }>('asyncexec.usp_AsyncExecListenerWait');
+    const row = result.recordset[0];
+    if (!row?.registered) {
+      logger.warn({ instanceId: this.instanceId }, 'this listener was swept as stale (a pause longer than its heartbeat allows); registering again');
+      this.registered = false;
+      this.safely(() => sink.onChange()); // wake-ups may have been missed
+      return;
+    }
+    if (row.failed) logger.warn({ failed: row.failed }, 'could not end some wake-up dialogs');
+    if (row.wakes && !this.closed) this.safely(() => sink.onChange());
   }
 
   private safely(fn: () => void): void {
@@ -154,8 +476,13 @@ export class MssqlListener implements Closeable {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    this.pending?.cancel(); // stop the WAITFOR now rather than at its timeout
-    await this.loop?.catch(() => undefined);
-    await this.dropConnection();
+    await this.notify.close();
+    await this.wakes?.close(async () => {
+      if (!this.registered) return;
+      // drop this instance's queue, service and dialogs now rather than after staleSeconds
+      await (await this.wakes!.request())
+        .input('instance', sql.UniqueIdentifier, this.instanceId)
+        .execute('asyncexec.usp_AsyncExecListenerStop');
+    });
   }
 }

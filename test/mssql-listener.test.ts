@@ -1,0 +1,233 @@
+/**
+ * The SQL Server listener without a server: the text of its batches and procedures, the
+ * decisions of one notification cycle (driven with stand-in steps), and the start-up check
+ * of READ_COMMITTED_SNAPSHOT. The same code runs against a server in the conformance suite
+ * when MSSQL_URL is set.
+ */
+import assert from 'node:assert/strict';
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { describe, it } from 'node:test';
+import { readCommittedSnapshotProblem } from '../src/engines/mssql/checks.js';
+import {
+  EndRetries,
+  MAX_END_ATTEMPTS,
+  notifyCycle,
+  receiveBatch,
+  retryEndsBatch,
+  type EndFailure,
+  type NotifyCycleSteps,
+  type ReceiveResult,
+} from '../src/engines/mssql/listener.js';
+import { MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
+import type { Logger } from '../src/logger.js';
+
+/** Comments blanked out, so a test never matches the explanation instead of the code. */
+const code = (text: string) => text.replace(/--[^\n]*/g, '');
+const procedure = async (name: string) => code(await readFile(path.join(MSSQL_SQL_DIR, 'procedures', `${name}.sql`), 'utf8'));
+
+/** Each END CONVERSATION of the text, with the TRY…CATCH around it (or null when it has none). */
+function endsAndTheirCatch(text: string): { tried: boolean; catchBody: string }[] {
+  return [...text.matchAll(/END CONVERSATION @h;/g)].map((match) => {
+    const before = text.slice(0, match.index);
+    const tryAt = before.lastIndexOf('BEGIN TRY');
+    const tried = tryAt >= 0 && before.slice(tryAt + 'BEGIN TRY'.length).trim() === '';
+    const after = text.slice(match.index! + match[0].length);
+    const catchMatch = /^\s*(?:SET @\w+ \+= 1;\s*)?END TRY\s*BEGIN CATCH([\s\S]*?)END CATCH;/.exec(after);
+    return { tried: tried && catchMatch !== null, catchBody: catchMatch?.[1] ?? '' };
+  });
+}
+
+function capturingLogger() {
+  const lines: { level: string; msg: string; detail: unknown }[] = [];
+  const log = (level: string) => (detail: unknown, msg?: string) => lines.push({ level, msg: msg ?? String(detail), detail });
+  const logger = { warn: log('warn'), error: log('error'), info: log('info'), debug: log('debug') } as unknown as Logger;
+  return { logger, lines };
+}
+
+describe('mssql listener: the receive batch', () => {
+  const text = code(receiveBatch(1000, 500));
+
+  it('commits the RECEIVE before it ends any dialog, so a failed end can never return the messages', () => {
+    const commit = text.indexOf('COMMIT TRANSACTION;');
+    const firstEnd = text.indexOf('END CONVERSATION');
+    const lastReceive = text.lastIndexOf('FROM asyncexec.AsyncExecNotifyQueue');
+    assert.ok(commit > lastReceive, 'the commit follows every RECEIVE');
+    assert.ok(firstEnd > commit, 'no END CONVERSATION inside the receive transaction');
+    assert.equal(text.match(/BEGIN TRANSACTION/g)?.length, 1, 'the ends open no transaction of their own');
+  });
+
+  it('ends each dialog in its own TRY…CATCH with XACT_ABORT off, and reports the failures', () => {
+    const ends = endsAndTheirCatch(text);
+    assert.equal(ends.length, 1);
+    assert.ok(ends[0].tried, 'END CONVERSATION is alone in a TRY block followed by its CATCH');
+    assert.match(ends[0].catchBody, /INSERT @failed VALUES \(@h, ERROR_NUMBER\(\), ERROR_MESSAGE\(\)\)/);
+    const xactOff = text.indexOf('SET XACT_ABORT OFF;');
+    assert.ok(xactOff > text.indexOf('COMMIT TRANSACTION;') && xactOff < text.indexOf('END CONVERSATION'), 'XACT_ABORT goes off between the commit and the ends');
+    assert.match(text, /SET NOCOUNT ON; SET XACT_ABORT ON;[\s\S]*BEGIN TRANSACTION;/, 'the RECEIVEs still roll back if the batch is cancelled');
+    // result sets: the Status rows, the failed ends, the count of messages taken
+    assert.match(text, /FROM @m\s+WHERE message_type_name = N'asyncexec\/Status'/);
+    assert.match(text, /SELECT LOWER\(CONVERT\(nvarchar\(36\), conversation_handle\)\) AS handle, error_number, error_message FROM @failed;/);
+    assert.match(text, /SELECT @total AS received;\s*$/);
+  });
+
+  it('ends the dialogs of EndDialog and Error messages only', () => {
+    assert.match(text, /message_type_name IN \(N'http:\/\/schemas\.microsoft\.com\/SQL\/ServiceBroker\/EndDialog', N'http:\/\/schemas\.microsoft\.com\/SQL\/ServiceBroker\/Error'\)/);
+  });
+
+  it('retries failed ends one by one, passing the handles as a parameter, skipping dialogs already gone', () => {
+    const retry = code(retryEndsBatch());
+    assert.match(retry, /^SET NOCOUNT ON; SET XACT_ABORT OFF;/);
+    assert.doesNotMatch(retry, /BEGIN TRANSACTION/);
+    assert.match(retry, /OPENJSON\(@handles\)/);
+    assert.match(retry, /sys\.conversation_endpoints[\s\S]*ce\.state <> 'CD'/);
+    const ends = endsAndTheirCatch(retry);
+    assert.equal(ends.length, 1);
+    assert.ok(ends[0].tried);
+    assert.match(ends[0].catchBody, /INSERT @failed/);
+  });
+});
+
+describe('mssql listener: one notification cycle', () => {
+  const steps = (over: Partial<NotifyCycleSteps> & { logger: Logger }) => {
+    const calls = { catchUp: 0, wake: 0, retried: [] as string[][] };
+    const s: NotifyCycleSteps = {
+      receive: async () => ({ received: 0, failures: [] }),
+      retryEnds: async (handles) => {
+        calls.retried.push([...handles]);
+        return [];
+      },
+      wake: async () => void calls.wake++,
+      catchUp: () => void calls.catchUp++,
+      ...over,
+    };
+    return { s, calls };
+  };
+
+  it('runs the catch-up when the receive fails, then fails the cycle (the loop reconnects)', async () => {
+    const { logger } = capturingLogger();
+    const { s, calls } = steps({ logger, receive: async () => Promise.reject(new Error('RECEIVE permission denied')) });
+    await assert.rejects(notifyCycle(s, new EndRetries()), /RECEIVE permission denied/);
+    assert.equal(calls.catchUp, 1, 'the table is read although nothing was received');
+    assert.equal(calls.wake, 0);
+  });
+
+  it('catches up and wakes the others once per batch that took messages, and neither for an empty one', async () => {
+    const { logger } = capturingLogger();
+    const { s, calls } = steps({ logger, receive: async () => ({ received: 37, failures: [] }) });
+    await notifyCycle(s, new EndRetries());
+    assert.deepEqual([calls.catchUp, calls.wake], [1, 1], 'one wake-up per batch, whatever its size');
+    const empty = steps({ logger });
+    await notifyCycle(empty.s, new EndRetries());
+    assert.deepEqual([empty.calls.catchUp, empty.calls.wake], [0, 0]);
+  });
+
+  it('a wake-up that fails is logged, not thrown', async () => {
+    const { logger, lines } = capturingLogger();
+    const { s, calls } = steps({ logger, receive: async () => ({ received: 1, failures: [] }), wake: async () => Promise.reject(new Error('229')) });
+    await notifyCycle(s, new EndRetries());
+    assert.equal(calls.catchUp, 1);
+    assert.ok(lines.some((l) => l.level === 'warn' && /could not wake/.test(l.msg)));
+  });
+
+  it('retries a failed end on the next cycles and gives it up after the poison count, once, loudly', async () => {
+    const { logger, lines } = capturingLogger();
+    const retries = new EndRetries();
+    const handle = '6f9619ff-8b86-d011-b42d-00c04fc964ff';
+    const failure: EndFailure = { handle, error_number: 15151, error_message: 'Cannot find the conversation, or you do not have permission' };
+    let first = true;
+    const receive = async (): Promise<ReceiveResult> => {
+      const r = { received: first ? 2 : 0, failures: first ? [failure] : [] };
+      first = false;
+      return r;
+    };
+    const { s, calls } = steps({ logger, receive, retryEnds: async (handles) => (calls.retried.push([...handles]), handles.map((h) => ({ ...failure, handle: h }))) });
+    for (let i = 0; i < MAX_END_ATTEMPTS + 3; i++) await notifyCycle(s, retries);
+    assert.equal(calls.retried.length, MAX_END_ATTEMPTS - 1, 'the first failure came from the receive; then one retry a cycle until the limit');
+    assert.ok(calls.retried.every((h) => h.length === 1 && h[0] === handle));
+    assert.equal(retries.size, 0, 'given up: never tried again');
+    assert.equal(lines.filter((l) => l.level === 'error').length, 1, 'given up once, as an error');
+    assert.equal(lines.filter((l) => l.level === 'warn').length, MAX_END_ATTEMPTS - 1);
+  });
+
+  it('forgets an end that succeeds on retry', async () => {
+    const { logger } = capturingLogger();
+    const retries = new EndRetries();
+    const { s, calls } = steps({ logger, receive: async () => ({ received: 1, failures: [{ handle: 'a', error_number: 1205, error_message: 'deadlock' }] }) });
+    await notifyCycle(s, retries);
+    assert.deepEqual(calls.retried, [['a']], 'retried in the same cycle');
+    assert.equal(retries.size, 0);
+  });
+});
+
+describe('mssql listener: every instance hears every completion (0013, usp_AsyncExecListener*)', () => {
+  it('0013 registers listeners in a table without a rowversion (a heartbeat must not hold the change feed back)', async () => {
+    const text = code(await readFile(path.join(MSSQL_SQL_DIR, '0013_listeners.sql'), 'utf8'));
+    assert.match(text, /CREATE TABLE asyncexec\.AsyncExecListeners \(/);
+    assert.doesNotMatch(text, /rowversion|timestamp/i);
+    assert.match(text, /CREATE MESSAGE TYPE \[asyncexec\/Wake\] VALIDATION = EMPTY;/);
+    assert.match(text, /CREATE CONTRACT \[asyncexec\/WakeContract\] \(\[asyncexec\/Wake\] SENT BY INITIATOR\);/);
+  });
+
+  it('start creates the instance queue and service as owner, and sweeps the stale first', async () => {
+    const text = await procedure('usp_AsyncExecListenerStart');
+    assert.match(text, /WITH EXECUTE AS OWNER/);
+    assert.match(text, /EXEC asyncexec\.usp_AsyncExecListenerSweep @staleSeconds = @staleSeconds;/);
+    assert.match(text, /N'CREATE QUEUE asyncexec\.' \+ QUOTENAME\(@queue\)/);
+    assert.match(text, /N'CREATE SERVICE ' \+ QUOTENAME\(@service\) \+ N' ON QUEUE asyncexec\.' \+ QUOTENAME\(@queue\)\s*\+ N' \(\[asyncexec\/WakeContract\]\);'/);
+    assert.match(text, /@queue sysname = N'AsyncExecWake_' \+ @name/);
+    assert.match(text, /REPLACE\(LOWER\(CONVERT\(nvarchar\(36\), @instance\)\), N'-', N''\)/, 'names made of hex digits only');
+  });
+
+  it('wake sends one message to each other live listener, each in its own TRY…CATCH, on a reused dialog', async () => {
+    const text = await procedure('usp_AsyncExecListenerWake');
+    assert.match(text, /WITH EXECUTE AS OWNER/);
+    assert.match(text, /SET XACT_ABORT OFF;/);
+    assert.doesNotMatch(text, /BEGIN TRANSACTION/);
+    assert.match(text, /WHERE l\.instance_id <> @instance\s+AND l\.heartbeat_at >= DATEADD\(second, -@staleSeconds, SYSUTCDATETIME\(\)\)/, 'not itself, not the stale');
+    assert.match(text, /JOIN sys\.services AS s ON s\.name = l\.service_name/, 'only services that exist (else the message waits in sys.transmission_queue)');
+    assert.match(text, /CASE WHEN ce\.state IN \('SO', 'CO'\) THEN 1 ELSE 0 END/, 'reuses a dialog that is still open');
+    const loop = text.slice(text.indexOf('WHILE 1 = 1'));
+    const send = loop.indexOf('SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Wake];');
+    assert.ok(send > 0 && loop.match(/SEND ON CONVERSATION/g)?.length === 1, 'one SEND a receiver');
+    assert.ok(loop.lastIndexOf('BEGIN TRY', send) > 0 && loop.indexOf('BEGIN CATCH', send) > send, 'the send is inside a TRY…CATCH');
+    assert.match(loop.slice(loop.indexOf('BEGIN CATCH', send)), /^BEGIN CATCH\s+IF XACT_STATE\(\) <> 0 ROLLBACK TRANSACTION;\s+SET @failed \+= 1;/);
+    assert.match(text, /FROM SERVICE ' \+ QUOTENAME\(N'asyncexec\/Wake\/' \+ @name\)/);
+    assert.match(text, /ON CONTRACT \[asyncexec\/WakeContract\] WITH ENCRYPTION = OFF;/);
+  });
+
+  it('a call costs no wake-up: only the listener wakes, after a batch', async () => {
+    for (const name of ['usp_AsyncExecInvoke', 'usp_AsyncExecRun', 'usp_AsyncExecActivated']) {
+      assert.doesNotMatch(await procedure(name), /asyncexec\/Wake|usp_AsyncExecListenerWake/, name);
+    }
+  });
+
+  it('wait records the heartbeat, waits on its own queue and ends the dialogs others ended, each in a TRY…CATCH', async () => {
+    const text = await procedure('usp_AsyncExecListenerWait');
+    assert.match(text, /UPDATE asyncexec\.AsyncExecListeners SET heartbeat_at = SYSUTCDATETIME\(\), @queue = queue_object\s+WHERE instance_id = @instance;/);
+    assert.match(text, /WAITFOR \(RECEIVE conversation_handle, message_type_name FROM asyncexec\.' \+ QUOTENAME\(@queue\) \+ N' INTO @m\), TIMEOUT '\s*\+ CAST\(@waitMs AS nvarchar\(10\)\)/);
+    const ends = endsAndTheirCatch(text);
+    assert.equal(ends.length, 1);
+    assert.ok(ends[0].tried);
+    assert.match(text, /CAST\(0 AS bit\) AS registered/, 'says when it was swept');
+  });
+
+  it('stop leaves the registry first, ends its dialogs under a savepoint each, then drops service and queue', async () => {
+    const text = await procedure('usp_AsyncExecListenerStop');
+    const at = (s: string) => text.indexOf(s);
+    assert.ok(at('DELETE asyncexec.AsyncExecListeners') < at('END CONVERSATION @h;'));
+    assert.ok(at('END CONVERSATION @h;') < at("N'DROP SERVICE '") && at("N'DROP SERVICE '") < at("N'DROP QUEUE asyncexec.'"));
+    assert.match(text, /SAVE TRANSACTION listener_end;\s+BEGIN TRY\s+END CONVERSATION @h;\s+END TRY/);
+    assert.match(text, /ROLLBACK TRANSACTION listener_end;/);
+    assert.match(text, /SET XACT_ABORT OFF;/, 'a caught error must not doom the whole transaction');
+  });
+});
+
+describe('mssql checks: READ_COMMITTED_SNAPSHOT', () => {
+  it('is required, with the statement that turns it on', () => {
+    assert.equal(readCommittedSnapshotProblem({ name: 'asyncproc', is_read_committed_snapshot_on: true }), null);
+    const problem = readCommittedSnapshotProblem({ name: 'odd]name', is_read_committed_snapshot_on: false });
+    assert.match(problem!, /READ_COMMITTED_SNAPSHOT is off in database \[odd\]name\]/);
+    assert.match(problem!, /ALTER DATABASE \[odd\]\]name\] SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;/);
+  });
+});
