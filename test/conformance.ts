@@ -16,6 +16,7 @@ import {
   type InvokeCall,
 } from '../src/engine.js';
 import { CompletionHub } from '../src/completionHub.js';
+import type { MssqlEngine } from '../src/engines/mssql/index.js';
 import { silentLogger } from '../src/logger.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
@@ -893,6 +894,104 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
           for (const hub of hubs) await hub.close();
           await engines[1].close();
         }
+      });
+    });
+
+    // issue 11 (SQL Server review), items 2, 3 and 10; issue 13's purge
+    describe('recovery, batch cancels and concurrent cancels', () => {
+      const unfinished = ['WAITING', 'PENDING', 'RUNNING'];
+
+      it('a batch cancelled while its members start ends consistently: nothing left unfinished, no later stage run', async () => {
+        const queue = unique('bc-race');
+        await engine.configureQueue(queue, 4);
+        for (let round = 0; round < 3; round++) {
+          const tag = unique('bc-race');
+          const batch = await engine.submitBatch([
+            Array.from({ length: 6 }, () => ({ procedure: 'demo.sleep', arguments: { seconds: 0.05 }, queue })),
+            [{ procedure: 'demo.record', arguments: { tag }, queue }],
+          ]);
+          // at once: some members are being claimed right now, others wait for a reader
+          await engine.cancelBatch(batch.id).catch((error: unknown) => {
+            if (!isCode('ALREADY_FINISHED')(error)) throw error;
+          });
+          const done = await batchEnded(batch.id);
+          const [first, second] = await byStage(done);
+          for (const execution of [...first, ...second]) assert.ok(!unfinished.includes(execution.status), `${execution.token} ${execution.status}`);
+          assert.equal(second[0].status, 'CANCELLED', 'the later stage never started');
+          assert.equal(await harness.ledgerCount(tag), 0);
+          assert.ok(['CANCELLED', 'FAILED'].includes(done.status), done.status);
+          assert.ok(first.some((e) => e.status === 'CANCELLED'));
+        }
+      });
+
+      it('many cancels at once all complete: running and waiting calls end CANCELLED', async () => {
+        const queue = unique('cc');
+        await engine.configureQueue(queue, 6);
+        const running = await submit(Array.from({ length: 6 }, () => ({ procedure: 'demo.sleep', arguments: { seconds: 30 }, queue })));
+        const waiting = await submit(Array.from({ length: 6 }, () => ({ procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, runAt: new Date(Date.now() + 3_600_000) })));
+        await waitFor(
+          async () => (await engine.getExecutions(running.map((e) => e.token))).every((e) => e.status === 'RUNNING'),
+          15_000,
+          'six calls to run',
+        );
+        const started = Date.now();
+        const cancelled = await Promise.all([...running, ...waiting].map((e) => engine.cancelExecution(e.token)));
+        assert.ok(Date.now() - started < 30_000, 'stopped, not waited for');
+        assert.deepEqual(cancelled.map((e) => e.status), Array(12).fill('CANCELLED'));
+      });
+
+      it('the retention purge keeps unfinished calls and every call of a batch that has not ended', async (t) => {
+        const purge = (engine as { purge?: (olderThanMs: number) => Promise<number> }).purge?.bind(engine);
+        if (!purge) return t.skip('this engine purges on its own (no purge() in its interface)');
+        const [later] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 1 }, runAt: new Date(Date.now() + 3_600_000) }]);
+        const [ended] = await submit([{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }]);
+        const batch = await engine.submitBatch([
+          [{ procedure: 'demo.add', arguments: { a: 1, b: 1 } }],
+          [{ procedure: 'demo.add', arguments: { a: 1, b: 1 }, runAt: new Date(Date.now() + 3_600_000) }],
+        ]);
+        await finished([ended.token]);
+        await waitFor(async () => (await engine.getBatch(batch.id))?.currentStage === 2, 15_000, 'stage 2 released');
+        await new Promise((resolve) => setTimeout(resolve, 1100)); // finished_at < cutoff, in whole seconds
+        await purge(0);
+        assert.equal(await engine.getExecution(ended.token), null, 'finished history goes');
+        assert.equal((await engine.getExecution(later.token))?.status, 'WAITING', 'an unfinished call stays');
+        const members = await engine.getBatchExecutions(batch.id);
+        assert.equal(members.length, 2, 'every call of a running batch stays, its finished stage 1 too');
+        for (const e of [later, ...members]) if (!isTerminal((await engine.getExecution(e.token))!.status)) await engine.cancelExecution(e.token);
+      });
+
+      it('SQL Server: a call whose conversation was ended WITH CLEANUP (as SET NEW_BROKER does) is given a new one and runs exactly once', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('Service Broker conversations are SQL Server only');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        const tag = unique('lost');
+        const [call] = await submit([{ procedure: 'demo.record', arguments: { tag }, runAt: new Date(Date.now() + 4000) }]);
+        // the reader has received the request and armed the timer for runAt
+        const handles = await waitFor(async () => {
+          const row = (
+            await pool.request().input('token', call.token).query<{ initiator_handle: string; target_handle: string | null }>(
+              'SELECT initiator_handle, target_handle FROM asyncexec.AsyncExecResults WHERE token = @token',
+            )
+          ).recordset[0];
+          return row?.target_handle ? row : null;
+        }, 10_000, 'the request to be received');
+        // an administrator removes both sides: the request, the runAt timer and the endpoints are gone
+        for (const handle of [handles.target_handle!, handles.initiator_handle]) {
+          await pool.request().input('h', handle).query('END CONVERSATION @h WITH CLEANUP;');
+        }
+        const endpoints = await pool
+          .request()
+          .input('i', handles.initiator_handle)
+          .input('t', handles.target_handle)
+          .query<{ n: number }>('SELECT COUNT(*) AS n FROM sys.conversation_endpoints WHERE conversation_handle IN (@i, @t)');
+        assert.equal(endpoints.recordset[0].n, 0, 'its dialog is gone');
+        // (the engine's own sweeper may get there first: either way it is sent again once)
+        await (engine as unknown as MssqlEngine).recoverLostCalls({ minAgeSeconds: 0 });
+        const [done] = await finished([call.token]);
+        assert.equal(done.status, 'SUCCEEDED');
+        assert.equal(done.attempts, 1);
+        assert.equal(await harness.ledgerCount(tag), 1, 'ran exactly once');
+        const again = await (engine as unknown as MssqlEngine).recoverLostCalls({ minAgeSeconds: 0 });
+        assert.equal(again.recovered, 0, 'a finished call is never sent again');
       });
     });
   });

@@ -6,6 +6,15 @@
 -- otherwise), by a caller that holds the batch row WITH (UPDLOCK, HOLDLOCK, ROWLOCK) and
 -- settles the batch before it commits (usp_AsyncExecBatchSettle is such a caller itself).
 -- Locks: as the settle, this changes members holding only their rows (see the settle below).
+-- It reads the candidates first, with no update lock, and then updates each one by its
+-- primary key, its status checked again by that UPDATE: so it locks a member's clustered row
+-- before that row's IX_AsyncExecResults_batch key, the order a reader's claim takes them
+-- (the claim updates the row by id, then its status in every index that carries it). An
+-- UPDATE ... WHERE batch_id = @batchId would seek IX_AsyncExecResults_batch with update locks
+-- on its keys and then ask for each clustered row: the reverse order, and a deadlock (1205)
+-- with a claim of another member of the batch. (Lock Modes: an UPDATE takes U locks on what
+-- it reads to find its rows and converts them to X on the rows it changes; SQL Server
+-- Deadlocks Guide: take resources in one order.)
 -- The SET options are the settle's: activation runs this through the settle.
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecBatchCancelUnstarted
     @batchId uniqueidentifier,
@@ -20,6 +29,7 @@ BEGIN
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @message nvarchar(2048), @now datetime2(3), @id bigint, @h uniqueidentifier, @state char(2), @body xml;
+    DECLARE @candidates TABLE (id bigint PRIMARY KEY);
     DECLARE @cancelled TABLE (id bigint PRIMARY KEY, initiator_handle uniqueidentifier NULL);
 
     IF @@TRANCOUNT = 0
@@ -30,13 +40,30 @@ BEGIN
 
     -- As usp_AsyncExecCancel cancels a WAITING or PENDING call (cancel_requested, so a
     -- reader never starts it); the error of an earlier failed attempt gives way to why.
-    SET @now = SYSUTCDATETIME();
-    UPDATE asyncexec.AsyncExecResults
-       SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,
-           error_number = NULL, error_severity = NULL, error_state = NULL, error_line = NULL, error_procedure = NULL,
-           error_message = @reason
-    OUTPUT inserted.id, inserted.initiator_handle INTO @cancelled (id, initiator_handle)
+    -- 1. The candidates, read with no update lock (a plain read: under READ_COMMITTED_SNAPSHOT
+    --    the committed version, under locking READ COMMITTED shared locks released row by row).
+    --    None is missed: whoever makes a member WAITING or PENDING (a retry, a stage release,
+    --    a new call of the batch) holds this batch's row first, which our caller holds.
+    INSERT @candidates (id)
+    SELECT id FROM asyncexec.AsyncExecResults
     WHERE batch_id = @batchId AND status IN ('WAITING', 'PENDING');
+
+    -- 2. Each by primary key, the status checked again by the UPDATE itself: a member being
+    --    claimed is waited for (its row is locked) and then found RUNNING, and left alone.
+    SET @now = SYSUTCDATETIME();
+    SET @id = 0;
+    WHILE 1 = 1
+    BEGIN
+        SELECT TOP (1) @id = id FROM @candidates WHERE id > @id ORDER BY id;
+        IF @@ROWCOUNT = 0
+            BREAK;
+        UPDATE asyncexec.AsyncExecResults
+           SET status = 'CANCELLED', finished_at = @now, cancel_requested = 1, held = 0,
+               error_number = NULL, error_severity = NULL, error_state = NULL, error_line = NULL, error_procedure = NULL,
+               error_message = @reason
+        OUTPUT inserted.id, inserted.initiator_handle INTO @cancelled (id, initiator_handle)
+        WHERE id = @id AND batch_id = @batchId AND status IN ('WAITING', 'PENDING');
+    END;
 
     -- Wake the activated side of each cancelled call that has a dialog (held ones have
     -- none), as usp_AsyncExecCancel does: its reader finds it CANCELLED, reports it to

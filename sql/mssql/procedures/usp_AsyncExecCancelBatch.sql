@@ -37,12 +37,26 @@
 -- finds CANCELLED, so it never starts a member cancelled here; a held member has no message,
 -- so no reader ever sees it. Every path that ends a member takes the batch row before the
 -- member's row, so while we hold the batch row nobody holds (or waits for) a member row of
--- ours while waiting for the batch: the only member-row locks we can wait for are a claim's
--- (PENDING to RUNNING: it never asks for the batch row and commits at once) and the
--- service's kill step (it holds a RUNNING row briefly and waits for nothing of ours). Under
--- READ_COMMITTED_SNAPSHOT too, an UPDATE selects its rows with a blocking scan that takes
--- update locks, so a member being claimed is seen as it is committed (RUNNING), not as the
--- version before (PENDING).
+-- ours while waiting for the batch.
+-- A claim (PENDING or due WAITING to RUNNING) never asks for the batch row, but it DOES take
+-- locks step 2 needs: it locks the member's clustered row first (its UPDATE by id) and then
+-- the member's key in IX_AsyncExecResults_batch (that index INCLUDEs status). The comment of
+-- 0008_cancel_batch.sql said "the only member-row locks we can wait for are a claim's ... it
+-- never asks for the batch row and commits at once", i.e. that a claim never takes a lock we
+-- need; that was wrong while step 2 was one UPDATE ... WHERE batch_id = @batchId, which took
+-- update locks on IX_AsyncExecResults_batch keys before the clustered rows: the reverse order,
+-- a deadlock (1205) with a claim of another member (issue 11, item 3). Migrations never
+-- change once landed, so 0008 keeps that text; this file is the definition that counts.
+-- usp_AsyncExecBatchCancelUnstarted now reads the candidates with no update lock and updates
+-- each by primary key (clustered row first, the claim's order), its status checked again.
+-- Step 3 may keep its UPDATE by batch_id: once step 2 has left no member WAITING or PENDING,
+-- no claim can start on this batch, and every other path that changes a RUNNING member (its
+-- run's outcome, a recovering claim, usp_AsyncExecCancel) takes the batch row, ours, before
+-- the member's row; the service's kill step holds a RUNNING row (UPDLOCK) but waits for
+-- nothing of ours. Under READ_COMMITTED_SNAPSHOT too, an UPDATE selects its rows with a
+-- blocking scan that takes update locks, so a member being claimed is seen as it is
+-- committed (RUNNING), not as the version before (PENDING); step 2's candidate read may see
+-- the version before, and its UPDATE by id checks the status again.
 --
 -- Errors (THROW, severity 16): 50005 BAD_USER_INPUT no batch id; 50023 called inside an open
 -- transaction (a fault of the caller: the RUNNING members must be cancelled after the commit).

@@ -29,11 +29,19 @@ BEGIN
     BEGIN TRANSACTION;
     -- Two callers creating the same queue at once would both find it missing and the
     -- second CREATE would fail: take turns (one resource for all queues; this is rare).
+    -- Wait at most 10 s, less than the caller's own request timeout: the service's driver
+    -- (mssql/tedious) cancels a request after config.requestTimeout, 15000 ms by default
+    -- (DATABASE_URL requestTimeout, src/engines/mssql/url.ts). A lock wait that outlasted it
+    -- would end in the client's attention instead of our error 50020: an attention is not
+    -- caught by TRY...CATCH and ends the batch where it is, and only XACT_ABORT ON (set above)
+    -- makes it roll back the open transaction rather than leave it on a pooled connection.
+    -- sp_getapplock: @LockTimeout in milliseconds; a negative return (-1 timed out) means the
+    -- lock was not granted.
     EXEC @lock = sys.sp_getapplock @Resource = N'asyncexec/configure-queue', @LockMode = 'Exclusive',
-                                   @LockOwner = 'Transaction', @LockTimeout = 60000;
+                                   @LockOwner = 'Transaction', @LockTimeout = 10000;
     IF @lock < 0
     BEGIN
-        SET @message = N'could not take the queue configuration lock within a minute';
+        SET @message = N'could not take the queue configuration lock within 10 seconds (another configureQueue is running): try again';
         THROW 50020, @message, 1;
     END;
 

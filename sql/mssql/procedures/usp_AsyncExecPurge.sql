@@ -1,35 +1,122 @@
--- Delete finished history older than the retention; returns how many calls went.
--- Only terminal rows go: their dialogs are already ended on our side. Each call's
--- attempts (asyncexec.AsyncExecAttempts) go in the same statement, through the
+-- Delete finished history older than the retention, in small batches; returns how many calls
+-- went (deleted) and whether some are left for the next run (more = 1: @maxSeconds ran out).
+--
+-- What goes: a call that has ended (SUCCEEDED, FAILED, CANCELLED; its dialogs are ended on
+-- our side) before the cutoff, and not part of a batch, or part of a batch that itself ended
+-- before the cutoff (a batch ends only after every member has: usp_AsyncExecBatchSettle); then
+-- the batches so emptied; then the machinery's error log. Never an unfinished call (PENDING,
+-- WAITING, RUNNING) nor any call of a batch still RUNNING (as asyncproc.purge on PostgreSQL).
+-- Each call's attempts (asyncexec.AsyncExecAttempts) go in the same statement, through the
 -- ON DELETE CASCADE of FK_AsyncExecAttempts_execution: the log never outlives its call.
+--
+-- Why batches, each its own transaction:
+--   * one DELETE of a week of history holds its locks, and its log records, to its end: the
+--     log cannot be truncated meanwhile and, past 5,000 locks on one table or index taken by
+--     one statement, the Database Engine tries to escalate them to a table lock (Lock
+--     Escalation), which would block every claim and invoke until the purge commits. So at
+--     most @batchSize calls (default 1,000, with their attempts) per transaction, chosen
+--     first and then deleted by primary key;
+--   * @maxSeconds bounds the whole run (no new batch starts after it; default 10 s) below the
+--     service's request timeout (mssql's requestTimeout, 15 s by default): the next run goes on
+--     where this one stopped, since everything it committed stays committed;
+--   * XACT_ABORT ON: if the client gives up anyway (an attention, which TRY...CATCH never
+--     sees), the open batch's transaction is rolled back instead of left open on a pooled
+--     connection, and the batches before it stay deleted.
+-- Terminal rows never change again (statuses only move forward), so a call chosen in one
+-- statement is still deletable in the next; the DELETE checks its status again all the same.
+-- Errors: 50041 called inside an open transaction (its batches would not be transactions of
+-- their own), 50005 a bad argument.
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecPurge
     @olderThanSeconds int,
-    @batchSize int = 5000
+    @batchSize int = 1000,   -- calls per transaction
+    @maxSeconds int = 10     -- start no new batch after this long
 AS
 BEGIN
     SET NOCOUNT ON;
-    DECLARE @cutoff datetime2(3) = DATEADD(second, -@olderThanSeconds, SYSUTCDATETIME()), @deleted int = 0, @n int = 1;
-    WHILE @n > 0
+    SET XACT_ABORT ON;
+    DECLARE @message nvarchar(2048), @cutoff datetime2(3), @deadline datetime2(3), @deleted int = 0, @n int, @more bit = 0;
+    DECLARE @ids TABLE (id bigint PRIMARY KEY);
+    DECLARE @batches TABLE (id uniqueidentifier PRIMARY KEY);
+
+    IF @@TRANCOUNT > 0
     BEGIN
-        DELETE TOP (@batchSize) e
+        SET @message = N'usp_AsyncExecPurge runs its batches as transactions of their own: call it outside a transaction';
+        THROW 50041, @message, 1;
+    END;
+    IF @olderThanSeconds IS NULL OR @olderThanSeconds < 0 OR @batchSize IS NULL OR @batchSize NOT BETWEEN 1 AND 4000
+       OR @maxSeconds IS NULL OR @maxSeconds < 1
+    BEGIN
+        SET @message = N'usp_AsyncExecPurge: @olderThanSeconds >= 0, @batchSize 1 to 4000, @maxSeconds >= 1';
+        THROW 50005, @message, 1;
+    END;
+    SELECT @cutoff = DATEADD(second, -@olderThanSeconds, SYSUTCDATETIME()),
+           @deadline = DATEADD(second, @maxSeconds, SYSUTCDATETIME());
+
+    -- 1. calls, @batchSize at a time
+    WHILE 1 = 1
+    BEGIN
+        IF SYSUTCDATETIME() >= @deadline
+        BEGIN
+            SET @more = 1;
+            BREAK;
+        END;
+        DELETE @ids;
+        INSERT @ids (id)
+        SELECT TOP (@batchSize) e.id
         FROM asyncexec.AsyncExecResults AS e
         WHERE e.finished_at < @cutoff AND e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
           AND (e.batch_id IS NULL
                -- finished_at is set exactly when the batch is no longer RUNNING (CK_AsyncExecBatches_finished)
                OR EXISTS (SELECT 1 FROM asyncexec.AsyncExecBatches AS b WHERE b.id = e.batch_id AND b.finished_at < @cutoff));
+        IF @@ROWCOUNT = 0
+            BREAK;
+        BEGIN TRANSACTION;
+        DELETE e
+        FROM asyncexec.AsyncExecResults AS e
+        JOIN @ids AS i ON i.id = e.id
+        WHERE e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
         SET @n = @@ROWCOUNT;
+        COMMIT TRANSACTION;
         SET @deleted += @n;
     END;
-    SET @n = 1;
-    WHILE @n > 0
+
+    -- 2. batches left without calls (a batch finishes after its members, so step 1 took them)
+    WHILE @more = 0
     BEGIN
-        -- a batch finishes after its members, so the loop above has taken them all
-        DELETE TOP (@batchSize) b
+        IF SYSUTCDATETIME() >= @deadline
+        BEGIN
+            SET @more = 1;
+            BREAK;
+        END;
+        DELETE @batches;
+        INSERT @batches (id)
+        SELECT TOP (@batchSize) b.id
         FROM asyncexec.AsyncExecBatches AS b
         WHERE b.finished_at < @cutoff AND b.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
           AND NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults AS e WHERE e.batch_id = b.id);
-        SET @n = @@ROWCOUNT;
+        IF @@ROWCOUNT = 0
+            BREAK;
+        BEGIN TRANSACTION;
+        DELETE b
+        FROM asyncexec.AsyncExecBatches AS b
+        JOIN @batches AS x ON x.id = b.id
+        WHERE b.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
+          AND NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecResults AS e WHERE e.batch_id = b.id);
+        COMMIT TRANSACTION;
     END;
-    DELETE FROM asyncexec.AsyncExecErrors WHERE logged_at < @cutoff;
-    SELECT @deleted AS deleted;
+
+    -- 3. the machinery's error log (autocommitted, @batchSize rows per statement)
+    WHILE @more = 0
+    BEGIN
+        IF SYSUTCDATETIME() >= @deadline
+        BEGIN
+            SET @more = 1;
+            BREAK;
+        END;
+        DELETE TOP (@batchSize) FROM asyncexec.AsyncExecErrors WHERE logged_at < @cutoff;
+        IF @@ROWCOUNT = 0
+            BREAK;
+    END;
+
+    SELECT @deleted AS deleted, @more AS more;
 END;

@@ -1,6 +1,8 @@
 /**
- * cancelBatch on SQL Server (the T-SQL is sql/mssql/0008_cancel_batch.sql; docs/mssql.md,
- * "Batches").
+ * cancelBatch on SQL Server (the T-SQL is sql/mssql/procedures/usp_AsyncExecCancelBatch.sql;
+ * docs/mssql.md, "Batches"). A step chosen as a deadlock victim is run again (deadlock.ts); the
+ * members' kills share the pool's kill gate (cancel.ts), so concurrent cancels cannot take
+ * every connection of the pool and wait for one more.
  *
  *  1. usp_AsyncExecCancelBatch, one transaction: the batch row locked first; NOT_FOUND or
  *     FINISHED refused; every member not yet started CANCELLED (as the settle's CANCEL branch
@@ -15,6 +17,7 @@
 import sql from 'mssql';
 import { EngineError, isTerminal, type Batch } from '../../engine.js';
 import { mssqlCancelSteps, type CancelSteps, type CancelTiming } from './cancel.js';
+import { retryDeadlocks } from './deadlock.js';
 import { mapDatabaseError } from './errors.js';
 import { getBatch } from './executionBatches.js';
 import { isToken } from './types.js';
@@ -110,10 +113,13 @@ export function mssqlCancelBatchSteps(pool: sql.ConnectionPool, id: string): Can
   return {
     async cancel() {
       try {
-        const result = await new sql.Request(pool)
-          .input('batchId', sql.UniqueIdentifier, id)
-          .output('outcome', sql.VarChar(10))
-          .execute('asyncexec.usp_AsyncExecCancelBatch');
+        // a deadlock victim's transaction was rolled back whole: run it again (deadlock.ts)
+        const result = await retryDeadlocks(() =>
+          new sql.Request(pool)
+            .input('batchId', sql.UniqueIdentifier, id)
+            .output('outcome', sql.VarChar(10))
+            .execute('asyncexec.usp_AsyncExecCancelBatch'),
+        );
         const outcome = result.output.outcome as CancelBatchOutcome | null;
         if (outcome !== 'CANCELLED' && outcome !== 'FINISHED' && outcome !== 'NOT_FOUND') {
           throw new Error(`usp_AsyncExecCancelBatch reported ${String(outcome)}`);
@@ -124,11 +130,13 @@ export function mssqlCancelBatchSteps(pool: sql.ConnectionPool, id: string): Can
       }
     },
     async running() {
-      const result = await new sql.Request(pool)
-        .input('id', sql.UniqueIdentifier, id)
-        .query<{ token: string }>(
-          `SELECT token FROM asyncexec.AsyncExecResults WHERE batch_id = @id AND status = 'RUNNING' ORDER BY stage, id`,
-        );
+      const result = await retryDeadlocks(() =>
+        new sql.Request(pool)
+          .input('id', sql.UniqueIdentifier, id)
+          .query<{ token: string }>(
+            `SELECT token FROM asyncexec.AsyncExecResults WHERE batch_id = @id AND status = 'RUNNING' ORDER BY stage, id`,
+          ),
+      );
       return result.recordset.map((row) => String(row.token).toLowerCase());
     },
     member: (token) => mssqlCancelSteps(pool, token, true),

@@ -45,6 +45,8 @@ import {
 } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
+import { retryDeadlocks } from './deadlock.js';
+import { mssqlPurgeRound, purgeHistory, recoverLostCalls, Sweeper, type RecoveryReport } from './sweeper.js';
 
 export interface MssqlEngineOptions {
   /** mssql://user:password@host:1433/database?… (see url.ts). */
@@ -64,6 +66,10 @@ export interface MssqlEngineOptions {
   allowKill?: boolean;
   /** How long cancelExecution (and cancelBatch) waits for killed calls to stop RUNNING. @default 10000 */
   cancelWaitMs?: number;
+  /** Finished history is purged after this long (the sweeper, sweeper.ts). @default 7 days */
+  retentionMs?: number;
+  /** Between the sweeper's recoveries of calls whose dialog is gone (usp_AsyncExecRecover). @default 60000 */
+  sweepPeriodMs?: number;
 }
 
 /** The SQL Server engine: activation runs in the database, the service invokes, reads and listens. */
@@ -76,6 +82,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   readonly allowKill: boolean;
   private readonly logger: Logger;
   private readonly closeables = new Closeables();
+  /** The one sweeper of this engine, while the activator or the listener (or both) run. */
+  private sweeper: { started: Promise<Sweeper>; users: number } | undefined;
 
   constructor(readonly options: MssqlEngineOptions) {
     const { config, database, allowKill } = parseMssqlUrl(options.url);
@@ -189,12 +197,15 @@ export class MssqlEngine implements Engine<sql.Transaction> {
    */
   async submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch> {
     checkBatch(stages, options); // refused before a transaction is even opened
-    return this.withTransaction(async (tx) => {
-      const id = await submitBatch(tx, stages, options);
-      const batch = await getBatch(tx, id);
-      if (!batch) throw new Error(`batch ${id} was submitted but cannot be read back`);
-      return batch;
-    });
+    // a deadlock victim's transaction was rolled back whole: submit it again (deadlock.ts)
+    return retryDeadlocks(() =>
+      this.withTransaction(async (tx) => {
+        const id = await submitBatch(tx, stages, options);
+        const batch = await getBatch(tx, id);
+        if (!batch) throw new Error(`batch ${id} was submitted but cannot be read back`);
+        return batch;
+      }),
+    );
   }
   getBatch(id: string): Promise<Batch | null> {
     return getBatch(this.pool, id);
@@ -237,25 +248,63 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return getHistory(this.pool, executionIds);
   }
 
-  /** Delete finished history (and finished batches left without executions) older than `olderThanMs`; returns how many executions went. */
-  async purge(olderThanMs: number): Promise<number> {
-    const result = await this.pool
-      .request()
-      .input('olderThanSeconds', sql.Int, Math.max(0, Math.floor(olderThanMs / 1000)))
-      .execute<{ deleted: number }>('asyncexec.usp_AsyncExecPurge');
-    return result.recordset[0]?.deleted ?? 0;
+  /**
+   * Delete finished history (and finished batches left without executions) older than `olderThanMs`,
+   * in bounded batches (usp_AsyncExecPurge, called again until nothing is left); returns how many executions went.
+   */
+  purge(olderThanMs: number): Promise<number> {
+    return purgeHistory(mssqlPurgeRound(this.pool), olderThanMs);
   }
 
-  /** Activation runs in the database (Service Broker starts the readers): nothing to start here. */
+  /** One recovery sweep now: calls whose dialog is gone get a new one (usp_AsyncExecRecover; the sweeper runs it periodically). */
+  recoverLostCalls(options?: { limit?: number; minAgeSeconds?: number }): Promise<RecoveryReport> {
+    return recoverLostCalls(this.pool, options);
+  }
+
+  /**
+   * Activation runs in the database (Service Broker starts the readers); the service runs the
+   * sweeper (recovery of lost dialogs, retention), shared with the listener.
+   */
   async startActivator(_options: ActivatorOptions): Promise<Closeable> {
-    return { close: async () => undefined };
+    return this.startSweeper();
   }
 
   async startListener(sink: ListenerSink): Promise<Closeable> {
     await this.check();
     const listener = new MssqlListener({ config: this.config, sink, logger: this.logger, waitMs: this.options.listenerWaitMs });
     await listener.start();
-    return this.closeables.track(listener);
+    const sweeper = await this.startSweeper().catch(async (error: unknown) => {
+      await listener.close();
+      throw error;
+    });
+    return this.closeables.track({ close: async () => void (await Promise.all([sweeper.close(), listener.close()])) });
+  }
+
+  /** The engine's one sweeper (sweeper.ts): started by the first user, closed with the last. */
+  private async startSweeper(): Promise<Closeable> {
+    if (!this.sweeper) {
+      const steps = {
+        recover: () => recoverLostCalls(this.pool),
+        purge: (stopped: () => boolean) =>
+          purgeHistory(mssqlPurgeRound(this.pool), this.options.retentionMs ?? 7 * 86_400_000, stopped),
+      };
+      const sweeper = new Sweeper(steps, { logger: this.logger, periodMs: this.options.sweepPeriodMs });
+      this.sweeper = { started: sweeper.start().then(() => sweeper), users: 0 };
+    }
+    const entry = this.sweeper;
+    entry.users++;
+    const sweeper = await entry.started;
+    let closed = false;
+    return this.closeables.track({
+      close: async () => {
+        if (closed) return;
+        closed = true;
+        if (--entry.users === 0) {
+          if (this.sweeper === entry) this.sweeper = undefined;
+          await sweeper.close();
+        }
+      },
+    });
   }
 
 
