@@ -442,6 +442,12 @@ export interface Engine<Tx = unknown> {
    * ALREADY_FINISHED. Unknown token: NOT_FOUND. Resolves with the execution as it is then.
    */
   cancelExecution(token: string): Promise<Execution>;
+  /**
+   * Retention: delete finished history older than `olderThanMs`, in small transactions,
+   * never an unfinished execution nor any part of a batch that has not ended before the
+   * cutoff. Returns how many executions went. (The activator or sweeper runs it periodically.)
+   */
+  purge(olderThanMs: number): Promise<number>;
   /** The execution log: every attempt of each execution (by execution id), oldest first. */
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>>;
   /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */

@@ -4,6 +4,7 @@ import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
+import { purgeFinished } from './purge.js';
 
 /**
  * The PostgreSQL activator: a pool of worker slots per queue, each on its own
@@ -24,8 +25,7 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
 }
 
 const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
-/** Executions one purge transaction deletes at most, and the time one housekeeping round may purge. */
-const PURGE_ROWS = 1000;
+/** The time one housekeeping round may spend purging. */
 const PURGE_BUDGET_MS = 2000;
 /** Claims between two vacuums of the ready table. */
 const VACUUM_EVERY = 2000;
@@ -352,22 +352,12 @@ export class PostgresActivator implements Closeable {
     for (const queue of this.queues.values()) queue.doorbell.ring();
   }
 
-  /**
-   * Retention in small transactions: asyncproc.purge deletes at most PURGE_ROWS executions
-   * a call; call it again while it finds that many, for at most PURGE_BUDGET_MS, so a day's
-   * million finished calls never become one long transaction holding locks while workers run.
-   */
+  /** Retention, a bounded amount per housekeeping round (see purge.ts). */
   private async purge(): Promise<number> {
-    const started = Date.now();
-    let total = 0;
-    for (;;) {
-      const { rows } = await this.pool.query<{ n: number }>(`select asyncproc.purge($1::interval, $2) as n`, [
-        `${this.options.retentionMs ?? 7 * 86_400_000} milliseconds`,
-        PURGE_ROWS,
-      ]);
-      total += rows[0].n;
-      if (rows[0].n < PURGE_ROWS || Date.now() - started > PURGE_BUDGET_MS || this.stopping) break;
-    }
+    const total = await purgeFinished(this.pool, this.options.retentionMs ?? 7 * 86_400_000, {
+      budgetMs: PURGE_BUDGET_MS,
+      stopped: () => this.stopping,
+    });
     if (total) this.options.logger.info({ purged: total }, 'purged finished history past the retention');
     return total;
   }

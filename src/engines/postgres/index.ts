@@ -30,6 +30,7 @@ import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.j
 import { configureQueue, listQueues, listRunning } from './queues.js';
 import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
+import { purgeFinished } from './purge.js';
 import { cancelBatch, cancelExecution } from './cancel.js';
 
 export interface PostgresEngineOptions {
@@ -189,6 +190,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   findApiKey(secretHash: string) {
     return findApiKey(this.pool, secretHash);
+  }
+  /** Delete finished history older than `olderThanMs`, in small transactions (asyncproc.purge); returns how many executions went. */
+  purge(olderThanMs: number): Promise<number> {
+    return purgeFinished(this.pool, olderThanMs);
   }
   listQueues(recentSeconds?: number) {
     return listQueues(this.pool, recentSeconds);
