@@ -85,8 +85,9 @@ before(async () => {
   ({ cluster, url, engine, sql } = await startDemoDatabase());
   await sql.query(SCHEMA);
   await engine.configureQueue('default', 2);
-  await engine.configureQueue('ac_hand', 1);
-  activator = await engine.startActivator({ workerId: 'ac', queues: ['default'], maxRows: 100 });
+  await engine.configureQueue('ac_hand', 1); // served by hand-made sessions only
+  await engine.configureQueue('ac_one', 1);
+  activator = await engine.startActivator({ workerId: 'ac', queues: ['default', 'ac_one'], maxRows: 100 });
 });
 after(async () => {
   await activator?.close();
@@ -262,10 +263,10 @@ describe('timeout and cancel', () => {
     assert.equal(await starts('timed'), 2, 'each attempt committed its start; none ran after the last');
   });
 
-  it('a call without a timeout runs with none after a timed one', async () => {
+  it('a call without a timeout runs with none after a timed one on the same worker', async () => {
     const [timed, untimed] = await engine.submit([
-      { procedure: 'ac.timed', arguments: { tag: 'arm', seconds: 0 } },
-      { procedure: 'ac.sleeper', arguments: { tag: 'unarmed', seconds: 0.8 } },
+      { procedure: 'ac.timed', arguments: { tag: 'arm', seconds: 0 }, queue: 'ac_one' },
+      { procedure: 'ac.sleeper', arguments: { tag: 'unarmed', seconds: 0.8 }, queue: 'ac_one' },
     ]);
     const [t, u] = await finished([timed.token, untimed.token]);
     assert.equal(t.status, 'SUCCEEDED');
