@@ -24,6 +24,9 @@ const ProcedureRef = builder.objectRef<Procedure>('Procedure').implement({
     maxAttempts: t.exposeInt('maxAttempts'),
     timeoutMs: t.exposeInt('timeoutMs', { nullable: true }),
     roles: t.exposeStringList('roles', { description: 'Roles that may invoke it (any one, or admin); empty: any authenticated caller.' }),
+    transactional: t.exposeBoolean('transactional', {
+      description: 'true: a call and its outcome commit together. false: it runs with no transaction open (it may commit itself) and its outcome is recorded after.',
+    }),
   }),
 });
 
@@ -37,6 +40,11 @@ const RegisterProcedureInput = builder.inputType('RegisterProcedureInput', {
     maxAttempts: t.int({ required: false, description: '1–100. @default 1' }),
     timeoutMs: t.int({ required: false, description: 'A run longer than this is cancelled and fails.' }),
     roles: t.stringList({ required: false, description: 'Roles that may invoke it; empty or absent: any authenticated caller.' }),
+    transactional: t.boolean({
+      required: false,
+      description:
+        'false: calls run with no transaction open (a procedure may COMMIT, commit in chunks, run what cannot run in a transaction); a run whose worker is lost then ends FAILED, never re-run. @default true',
+    }),
   }),
 });
 
@@ -104,6 +112,7 @@ builder.mutationFields((t) => ({
           maxAttempts: input.maxAttempts ?? undefined,
           timeoutMs: input.timeoutMs ?? null,
           roles: checkRoles(input.roles ?? []),
+          transactional: input.transactional ?? undefined,
         });
         return { procedure };
       }),

@@ -1,9 +1,13 @@
 -- Claim the oldest ready call of a queue for this session: RUNNING, and locked for the
--- session's life (until run() or abandon() hands the lock over to their transaction).
+-- session's life (until run(), conclude() or abandon() hands the lock over to their transaction).
 -- Returns the procedure's timeout too (0: none), which the worker arms as statement_timeout
--- before the statement that runs the call. The caller notifies (id:seq:RUNNING) after commit.
+-- before the statement that runs the call, and how the call runs: transactional (inside
+-- run()) or not (sent at top level by the worker; the claim records that mode on the call for
+-- recover). The caller notifies (id:seq:RUNNING) after commit.
 drop function if exists asyncproc.claim(text, text);
-create or replace function asyncproc.claim(queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer)
+create or replace function asyncproc.claim(
+  queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean
+)
 language plpgsql as $$
 declare
   ready_id bigint;
@@ -17,17 +21,18 @@ begin
     exit when ready_id is null;
     update asyncproc.executions e
        set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
-           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq')
+           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq'),
+           transactional = p.transactional
+      from asyncproc.procedures p
      where e.id = ready_id and e.status = 'PENDING'   -- a ready row of a call cancelled meanwhile is dropped
-    returning e.id, e.seq into claim.id, claim.seq;
+       and p.name = e.procedure
+    returning e.id, e.seq, coalesce(p.timeout_ms, 0), p.transactional
+         into claim.id, claim.seq, claim.timeout_ms, claim.transactional;
     exit when claim.id is not null;
   end loop;
   if claim.id is not null then
     -- taken before the commit that makes the call RUNNING: recover never sees it RUNNING and unlocked
     perform pg_advisory_lock(k.key1, k.key2) from asyncproc.lock_key(claim.id) k;
-    select coalesce(p.timeout_ms, 0) into claim.timeout_ms
-      from asyncproc.executions e join asyncproc.procedures p on p.name = e.procedure
-     where e.id = claim.id;
   end if;
 end
 $$;

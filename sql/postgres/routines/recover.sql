@@ -1,6 +1,7 @@
 -- Start again the calls whose worker session is gone (nobody holds their lock). A call whose
 -- cancel was requested ends CANCELLED instead; a call lost five times is failed rather than
--- run forever.
+-- run forever. A non-transactional call is never started again: whatever it committed before
+-- its worker was lost stays, so it ends FAILED (AP008) and says so.
 create or replace function asyncproc.recover(max_recoveries integer default 5) returns integer
 language plpgsql as $$
 declare
@@ -18,7 +19,7 @@ begin
     -- error here cannot leave it held on a pooled connection.
     continue when not pg_try_advisory_xact_lock(key.key1, key.key2);
     -- re-read under the row lock: the outcome may have committed since the loop's snapshot
-    select e.id, e.queue, e.recoveries, e.cancel_requested into lost
+    select e.id, e.queue, e.recoveries, e.cancel_requested, e.transactional into lost
       from asyncproc.executions e
      where e.id = candidate.id and e.status = 'RUNNING'
        for update skip locked;
@@ -27,6 +28,13 @@ begin
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = '57014',
              error_message = 'cancelled while running; its worker was lost', seq = nextval('asyncproc.change_seq')
+       where e.id = lost.id
+      returning e.seq, e.status into new_seq, new_stat;
+    elsif not lost.transactional then
+      update asyncproc.executions e
+         set status = 'FAILED', finished_at = clock_timestamp(), error_number = 'AP008',
+             error_message = 'worker lost during a non-transactional call; its effects may be partly done',
+             error_detail = null, error_context = null, seq = nextval('asyncproc.change_seq')
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     elsif lost.recoveries + 1 >= max_recoveries then

@@ -1,20 +1,26 @@
 -- Register (or re-register, replacing its options) a routine as invocable.
 -- roles: who may invoke it through the service (any one of them, or admin); empty: any caller.
+-- transactional => false: its calls run with no transaction open (a procedure may COMMIT, commit
+-- in chunks, run what cannot run in a transaction block); the outcome is recorded afterwards in
+-- a transaction of its own, so effects and outcome no longer commit together (a run whose worker
+-- is lost ends FAILED, never re-run). Last, so calls by position keep their meaning.
 drop function if exists asyncproc.register(regprocedure, text, integer, integer);
+drop function if exists asyncproc.register(text, text, integer, integer, text[]);
+drop function if exists asyncproc.register(regprocedure, text, integer, integer, text[]);
 create or replace function asyncproc.register(
   routine regprocedure, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null,
-  roles text[] default '{}'
+  roles text[] default '{}', transactional boolean default true
 ) returns text
 language sql as $$
-  insert into asyncproc.procedures (name, proc, signature, queue, max_attempts, timeout_ms, roles)
+  insert into asyncproc.procedures (name, proc, signature, queue, max_attempts, timeout_ms, roles, transactional)
   select n.nspname || '.' || p.proname, routine, asyncproc.signature(routine), register.queue, register.max_attempts,
-         register.timeout_ms, coalesce(register.roles, '{}')
+         register.timeout_ms, coalesce(register.roles, '{}'), coalesce(register.transactional, true)
     from pg_proc p join pg_namespace n on n.oid = p.pronamespace
    where p.oid = routine
   on conflict (name) do update
      set proc = excluded.proc, signature = excluded.signature, queue = excluded.queue,
          max_attempts = excluded.max_attempts, timeout_ms = excluded.timeout_ms, roles = excluded.roles,
-         unregistered_at = null
+         transactional = excluded.transactional, unregistered_at = null
   returning name
 $$;
 
@@ -22,8 +28,8 @@ $$;
 -- (`select asyncproc.register('billing.charge_order')` when it has no overloads).
 create or replace function asyncproc.register(
   routine text, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null,
-  roles text[] default '{}'
+  roles text[] default '{}', transactional boolean default true
 ) returns text
 language sql as $$
-  select asyncproc.register(asyncproc.resolve_routine(routine), queue, max_attempts, timeout_ms, roles)
+  select asyncproc.register(asyncproc.resolve_routine(routine), queue, max_attempts, timeout_ms, roles, transactional)
 $$;

@@ -1,10 +1,11 @@
--- Run one claimed call; its writes and its outcome commit together (the service
+-- Run one claimed transactional call; its writes and its outcome commit together (the service
 -- notifies right after). Then release it and claim the next call of next_queue in
 -- the same transaction and round trip.
 drop function if exists asyncproc.run(bigint, text, text, integer);
 create or replace function asyncproc.run(
   execution_id bigint, worker text, next_queue text, row_cap integer default 100,
-  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer
+  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
+  out next_transactional boolean
 )
 language plpgsql as $$
 declare
@@ -48,7 +49,8 @@ begin
   end if;
 
   if next_queue is not null then
-    select c.id, c.seq, c.timeout_ms into run.next_id, run.next_seq, run.next_timeout_ms
+    select c.id, c.seq, c.timeout_ms, c.transactional
+      into run.next_id, run.next_seq, run.next_timeout_ms, run.next_transactional
       from asyncproc.claim(next_queue, worker) c;
   end if;
 end

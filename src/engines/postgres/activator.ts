@@ -12,7 +12,9 @@ import { purgeFinished } from './purge.js';
  * queue's `concurrency` slots, so the limit holds across every worker process;
  * a claimed call is tied to the claiming session by a second advisory lock, so a
  * dead worker's call is started again within a tick (asyncproc.recover) and a
- * live one is never started twice.
+ * live one is never started twice. A non-transactional call (registered with
+ * transactional false) is sent by the slot at top level under that same lock and
+ * recorded afterwards (asyncproc.conclude); lost with its worker, it ends FAILED.
  */
 export interface PostgresActivatorOptions extends ActivatorOptions {
   connectionString: string;
@@ -144,70 +146,190 @@ class QueueWorkers {
 
   /** Claim and run until the queue has nothing ready for this slot. */
   private async work(client: SlotClient, worker: string): Promise<void> {
-    const { notifier } = this.activator.options;
     const claimed = (
-      await client.query<{ id: string | null; seq: string; timeout_ms: number | null }>({
+      await client.query<ClaimRow>({
         name: 'asyncproc-claim',
-        text: 'select id, seq, timeout_ms from asyncproc.claim($1, $2)',
+        text: 'select id, seq, timeout_ms, transactional from asyncproc.claim($1, $2)',
         values: [this.name, worker],
       })
     ).rows[0];
-    let next = claimed.id;
-    let timeoutMs = claimed.timeout_ms ?? 0;
-    if (next !== null) notifier.event(next, claimed.seq, 'RUNNING');
-    while (next !== null) {
+    if (claimed.id !== null) this.activator.options.notifier.event(claimed.id, claimed.seq!, 'RUNNING');
+    let next: Claimed = { id: claimed.id, timeoutMs: claimed.timeout_ms ?? 0, transactional: claimed.transactional ?? true };
+    while (next.id !== null) {
       this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
       this.doorbell.ring();
-      const current: string = next;
       // statement_timeout is armed when a statement starts, so the call's own timeout is set
       // before the statement that runs it (a round trip only when it differs from the last)
-      if (client.statementTimeout !== timeoutMs) {
-        await client.query(`select set_config('statement_timeout', $1, false)`, [String(timeoutMs)]);
-        client.statementTimeout = timeoutMs;
-      }
-      const started = Date.now();
-      try {
-        const ran = (
-          // a named (prepared) statement: parsed and planned once per connection
-          await client.query<RunRow>({
-            name: 'asyncproc-run',
-            text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms from asyncproc.run($1, $2, $3, $4)',
-            values: [current, worker, this.activator.stopping ? null : this.name, this.activator.options.maxRows ?? 100],
-          })
-        ).rows[0];
-        if (ran.done_seq !== null) notifier.event(current, ran.done_seq, ran.done_status!);
-        if (ran.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
-        if (ran.next_id !== null) notifier.event(ran.next_id, ran.next_seq!, 'RUNNING');
-        next = ran.next_id;
-        timeoutMs = ran.next_timeout_ms ?? 0;
-      } catch (error) {
-        if (isConnectionError(error)) throw error;
-        // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
-        const err = error as pg.DatabaseError;
-        // Both a timeout and a cancel signal are 57014; only our own timeout can fire after
-        // that long (the session's is 0 otherwise), and the message is localized.
-        const timedOut = err.code === '57014' && timeoutMs > 0 && Date.now() - started >= timeoutMs;
-        const done = (
-          await client.query<{ done_seq: string | null; done_status: ExecutionStatus | null }>(
-            'select done_seq, done_status from asyncproc.abandon($1, $2, $3, $4)',
-            [current, err.code ?? null, timedOut ? `${err.message} (timeout ${timeoutMs} ms)` : err.message, timedOut],
-          )
-        ).rows[0];
-        if (done.done_seq !== null) notifier.event(current, done.done_seq, done.done_status!);
-        if (done.done_status === 'WAITING') this.activator.scheduleDue(); // a timeout, retried with backoff
-        next = null;
-      }
+      await armTimeout(client, next.timeoutMs);
+      next = next.transactional
+        ? await this.runInTransaction(client, worker, next.id, next.timeoutMs)
+        : await this.runAtTopLevel(client, worker, next.id, next.timeoutMs);
     }
+  }
+
+  /** The next queue to claim from after a call (none while stopping), and the row cap of results. */
+  private get nextQueue(): string | null {
+    return this.activator.stopping ? null : this.name;
+  }
+  private get maxRows(): number {
+    return this.activator.options.maxRows ?? 100;
+  }
+
+  /** A transactional call: asyncproc.run() runs it and records its outcome in one transaction. */
+  private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number): Promise<Claimed> {
+    const started = Date.now();
+    try {
+      const ran = (
+        // a named (prepared) statement: parsed and planned once per connection
+        await client.query<EndedRow>({
+          name: 'asyncproc-run',
+          text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional from asyncproc.run($1, $2, $3, $4)',
+          values: [current, worker, this.nextQueue, this.maxRows],
+        })
+      ).rows[0];
+      return this.ended(current, ran);
+    } catch (error) {
+      if (isConnectionError(error)) throw error;
+      // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
+      const err = error as pg.DatabaseError;
+      const timedOut = isOwnTimeout(err, timeoutMs, started);
+      const done = (
+        await client.query<EndedRow>(
+          'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
+          [current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut],
+        )
+      ).rows[0];
+      return this.ended(current, done);
+    }
+  }
+
+  /**
+   * A non-transactional call: its statement is sent at top level, with no transaction open,
+   * while the claim's session-level lock names the call (recover sees it alive); then
+   * asyncproc.conclude() records the outcome in a transaction of its own, as the owner.
+   */
+  private async runAtTopLevel(client: SlotClient, worker: string, current: string, timeoutMs: number): Promise<Claimed> {
+    const started = Date.now();
+    let outcome: { succeeded: boolean; function: string | null; names: string[] | null; types: number[] | null; values: (string | null)[] | null } = {
+      succeeded: false, function: null, names: null, types: null, values: null,
+    };
+    let failure: pg.DatabaseError | null = null;
+    try {
+      const prepared = (
+        await client.query<{ statement: string; arguments: string | null; kind: string }>({
+          name: 'asyncproc-prepare-call',
+          // the arguments as text: through JSON.parse, numbers beyond 2^53 would lose digits
+          text: 'select statement, arguments::text as arguments, kind from asyncproc.prepare_call($1, $2)',
+          values: [current, this.maxRows],
+        })
+      ).rows[0];
+      if (prepared) {
+        const result = await client.query<(string | null)[]>({
+          text: prepared.statement,
+          values: prepared.arguments === null ? [] : [prepared.arguments],
+          rowMode: 'array',
+          types: RAW_TEXT, // conclude reads each value back as its type
+        });
+        if (prepared.kind !== 'p') outcome = { ...outcome, succeeded: true, function: result.rows[0]?.[0] ?? null };
+        else if (result.fields.length) {
+          outcome = {
+            ...outcome,
+            succeeded: true,
+            names: result.fields.map((f) => f.name),
+            types: result.fields.map((f) => f.dataTypeID),
+            values: result.rows[0] ?? result.fields.map(() => null),
+          };
+        } else outcome = { ...outcome, succeeded: true };
+      }
+      // no row: not ours to run (recover took it from a lost lock); conclude only releases it
+    } catch (error) {
+      if (isConnectionError(error)) throw error;
+      failure = error as pg.DatabaseError;
+    }
+    const timedOut = failure !== null && isOwnTimeout(failure, timeoutMs, started);
+    const conclude = () =>
+      client.query<EndedRow>({
+        name: 'asyncproc-conclude',
+        text: `select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional
+                 from asyncproc.conclude($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+        values: [
+          current, worker, this.nextQueue, outcome.succeeded, outcome.function, outcome.names, outcome.types, outcome.values,
+          failure ? (failure.code ?? 'XX000') : null,
+          failure ? describe(failure, timedOut, timeoutMs) : null,
+          failure?.detail ?? null,
+          failure?.where ?? null,
+        ],
+      });
+    let ended: EndedRow;
+    try {
+      ended = (await conclude()).rows[0];
+    } catch (error) {
+      if (isConnectionError(error)) throw error;
+      // The call's effects are committed; a late cancel or the call's own timeout cut the record
+      // of them. Once more with no timeout armed; failing again, the slot drops its session, and
+      // recover ends the call FAILED (AP008) rather than run it twice.
+      this.activator.options.logger.warn({ err: toError(error), execution: current }, 'recording a non-transactional call failed; once more');
+      await armTimeout(client, 0);
+      ended = (await conclude()).rows[0];
+    }
+    return this.ended(current, ended);
+  }
+
+  /** Notify what a run or an abandon ended and claimed; the next call to run. */
+  private ended(current: string, row: EndedRow): Claimed {
+    const { notifier } = this.activator.options;
+    if (row.done_seq !== null) notifier.event(current, row.done_seq, row.done_status!);
+    if (row.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
+    if (row.next_id !== null) notifier.event(row.next_id, row.next_seq!, 'RUNNING');
+    return { id: row.next_id, timeoutMs: row.next_timeout_ms ?? 0, transactional: row.next_transactional ?? true };
   }
 }
 
-interface RunRow {
+/** Set the session's statement_timeout (ms, 0: none), unless it is armed already. */
+async function armTimeout(client: SlotClient, timeoutMs: number): Promise<void> {
+  if (client.statementTimeout === timeoutMs) return;
+  await client.query(`select set_config('statement_timeout', $1, false)`, [String(timeoutMs)]);
+  client.statementTimeout = timeoutMs;
+}
+
+/**
+ * Both a timeout and a cancel signal are 57014; only our own timeout can fire after that long
+ * (the session's is 0 otherwise), and the message is localized.
+ */
+function isOwnTimeout(err: pg.DatabaseError, timeoutMs: number, started: number): boolean {
+  return err.code === '57014' && timeoutMs > 0 && Date.now() - started >= timeoutMs;
+}
+
+function describe(err: pg.DatabaseError, timedOut: boolean, timeoutMs: number): string {
+  return timedOut ? `${err.message} (timeout ${timeoutMs} ms)` : err.message;
+}
+
+/** Every value as the text the server sent. */
+const RAW_TEXT: pg.CustomTypesConfig = { getTypeParser: () => (value: string) => value } as unknown as pg.CustomTypesConfig;
+
+interface ClaimRow {
+  id: string | null;
+  seq: string | null;
+  timeout_ms: number | null;
+  transactional: boolean | null;
+}
+
+/** The next call a slot runs (id null: none claimed). */
+interface Claimed {
+  id: string | null;
+  timeoutMs: number;
+  transactional: boolean;
+}
+
+/** What run(), conclude() and abandon() report: the call they ended, the next one they claimed. */
+interface EndedRow {
   done_seq: string | null;
   done_status: ExecutionStatus | null;
   next_id: string | null;
-  next_seq: string | null;
-  next_timeout_ms: number | null;
+  next_seq?: string | null;
+  next_timeout_ms?: number | null;
+  next_transactional?: boolean | null;
 }
 
 export class PostgresActivator implements Closeable {

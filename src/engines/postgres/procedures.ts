@@ -9,13 +9,14 @@ interface ProcedureRow {
   max_attempts: number;
   timeout_ms: number | null;
   roles: string[];
+  transactional: boolean;
   parameters: { name: string; type: string; mode: ParameterMode; hasDefault: boolean; position: number }[];
 }
 
 /** Registered procedures (or only the one named), by name. */
 export async function listProcedures(pool: pg.Pool, only: string | null = null): Promise<Procedure[]> {
   const { rows } = await pool.query<ProcedureRow>(
-    `select r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles,
+    `select r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles, r.transactional,
             coalesce((select jsonb_agg(jsonb_build_object('name', p.name, 'type', p.type_name, 'mode', p.mode,
                                                           'hasDefault', p.has_default, 'position', p.position)
                                        order by p.position)
@@ -32,8 +33,7 @@ export async function listProcedures(pool: pg.Pool, only: string | null = null):
     maxAttempts: r.max_attempts,
     timeoutMs: r.timeout_ms,
     roles: r.roles,
-    // every call runs inside the transaction that records its outcome (the only mode so far)
-    transactional: true,
+    transactional: r.transactional,
     parameters: r.parameters,
   }));
 }
@@ -45,8 +45,8 @@ export async function registerProcedure(pool: pg.Pool, name: string, options: Re
   try {
     // by name or signature, resolved in the database (asyncproc.resolve_routine), so SQL callers get the same rules
     const { rows } = await pool.query<{ name: string }>(
-      `select asyncproc.register($1::text, $2, $3, $4, $5::text[]) as name`,
-      [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null, roles],
+      `select asyncproc.register($1::text, $2, $3, $4, $5::text[], $6) as name`,
+      [name, options.queue ?? 'default', options.maxAttempts ?? 1, options.timeoutMs ?? null, roles, options.transactional ?? true],
     );
     registered = rows[0]?.name;
   } catch (error) {

@@ -1,0 +1,53 @@
+-- Record the outcome of a non-transactional call, which its worker ran at top level (the
+-- call's effects are committed already), in a transaction of its own; then release the call
+-- and claim the next one of next_queue, as run() does. succeeded: `outcome` is a function's
+-- outcome, or null for a procedure, whose output row comes as text (output_parameters).
+-- Failed: the error as the worker caught it; retried per max_attempts like any failure (a retry
+-- runs again what the failed attempt committed), or CANCELLED when a cancel was asked for.
+-- Only the session that claimed the call and still holds its lock records anything.
+create or replace function asyncproc.conclude(
+  execution_id bigint, worker text, next_queue text, succeeded boolean, outcome jsonb,
+  output_names text[], output_types oid[], output_values text[],
+  err_number text, err_message text, err_detail text, err_context text,
+  out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
+  out next_transactional boolean
+)
+language plpgsql as $$
+declare
+  key  record;
+  call record;
+begin
+  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
+  -- at transaction level too, so recover cannot take the call between the unlock below and
+  -- the commit of its outcome (see run())
+  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+    select e.cancel_requested into call
+      from asyncproc.executions e
+     where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
+       for update;
+    if not found then
+      null;
+    elsif not succeeded and call.cancel_requested then
+      update asyncproc.executions e
+         set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
+             error_message = 'cancelled while running: ' || err_message, error_detail = err_detail,
+             error_context = err_context, seq = nextval('asyncproc.change_seq')
+       where e.id = execution_id
+      returning e.seq, e.status into conclude.done_seq, conclude.done_status;
+    else
+      select f.done_seq, f.done_status into conclude.done_seq, conclude.done_status
+        from asyncproc.finish(execution_id, succeeded,
+                              case when succeeded then coalesce(outcome, asyncproc.procedure_outcome(
+                                asyncproc.output_parameters(output_names, output_types, output_values))) end,
+                              err_number, err_message, nullif(err_detail, ''), nullif(err_context, '')) f;
+    end if;
+    perform pg_advisory_unlock(key.key1, key.key2);
+  end if;
+
+  if next_queue is not null then
+    select c.id, c.seq, c.timeout_ms, c.transactional
+      into conclude.next_id, conclude.next_seq, conclude.next_timeout_ms, conclude.next_transactional
+      from asyncproc.claim(next_queue, worker) c;
+  end if;
+end
+$$;

@@ -1,0 +1,32 @@
+-- The statement of a claimed non-transactional call, for its worker to send at top level (no
+-- transaction open: a procedure may COMMIT), with the arguments to bind as $1 (null: the
+-- statement takes no parameter). kind 'p': a procedure, whose output row (if any) the worker
+-- hands to conclude(); else a function, whose statement yields its outcome. No row: the call
+-- is not this session's to run (its lock was lost and recover took it).
+create or replace function asyncproc.prepare_call(
+  execution_id bigint, row_cap integer default 100,
+  out statement text, out arguments jsonb, out kind "char"
+)
+returns setof record
+language plpgsql as $$
+declare
+  key  record;
+  call record;
+begin
+  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
+  if not pg_try_advisory_xact_lock(key.key1, key.key2) then
+    return;
+  end if;
+  select e.arguments, r.proc into call
+    from asyncproc.executions e
+    join asyncproc.procedures r on r.name = e.procedure
+   where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
+  if not found then
+    return;
+  end if;
+  select s.statement, case when s.binds then call.arguments end, s.kind
+    into prepare_call.statement, prepare_call.arguments, prepare_call.kind
+    from asyncproc.call_statement(call.proc, call.arguments, row_cap) s;
+  return next;
+end
+$$;
