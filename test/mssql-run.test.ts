@@ -54,7 +54,7 @@ describe('mssql run: strikes count consecutive failures that are not transient (
     assert.doesNotMatch(text, /message_type_name IS NOT NULL\) >= 5/, 'no longer every error ever logged');
     // the reset commits with the claim
     const reset = text.indexOf('UPDATE asyncexec.AsyncExecErrors SET strike = 0 WHERE conversation_handle = @h AND strike = 1;');
-    assert.ok(reset > 0 && reset < text.indexOf('COMMIT TRANSACTION;', reset) && reset > text.indexOf('END CONVERSATION @h;'));
+    assert.ok(reset > 0 && reset < text.indexOf('COMMIT TRANSACTION;', reset) && reset > text.indexOf('END CONVERSATION @h;'), 'the strike reset commits with the claim');
     const migration = codeOnly(await file('0011_run.sql'));
     assert.match(migration, /ALTER TABLE asyncexec\.AsyncExecErrors\s+ADD strike bit NULL;/);
   });
@@ -65,7 +65,7 @@ describe('mssql run: strikes count consecutive failures that are not transient (
     const endings = [...codeOnly(text).matchAll(/END CONVERSATION/g)];
     assert.equal(endings.length, 1, 'one END CONVERSATION, inside the transaction that records FAILED');
     const catchAt = text.indexOf('BEGIN CATCH');
-    assert.ok(endings[0].index! < catchAt && endings[0].index! < text.indexOf('COMMIT TRANSACTION;'));
+    assert.ok(endings[0].index! < catchAt && endings[0].index! < text.indexOf('COMMIT TRANSACTION;'), 'the one END CONVERSATION is in the recording transaction');
     const dead = text.slice(catchAt);
     const receive = dead.indexOf('EXEC sys.sp_executesql @deadReceive');
     const insert = dead.indexOf('INSERT asyncexec.AsyncExecDeadLetters');
@@ -139,14 +139,14 @@ describe('mssql run: dates are read the same way in the caller’s and the activ
     assert.doesNotMatch(invoke, /TRY_CONVERT\(' \+ @typeText/);
     // the function is applied before the procedures that call it
     const order = (await readProcedureFiles(path.join(MSSQL_SQL_DIR, 'procedures'))).map((f) => f.file);
-    assert.ok(order.indexOf('ArgumentConversion.sql') < order.indexOf('usp_AsyncExecInvoke.sql'));
+    assert.ok(order.indexOf('ArgumentConversion.sql') < order.indexOf('usp_AsyncExecInvoke.sql'), 'the function comes first in ORDER');
   });
 
   it('accepts only ISO 8601 forms that no language or DATEFORMAT reads differently', async () => {
     const invoke = withoutComments(await procedure('usp_AsyncExecInvoke'));
     const date = /ELSE IF @base IN \(N'date', N'datetime', N'datetime2', N'datetimeoffset', N'smalldatetime'\)\s+AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'([^']+)'\s+SET @ok = 0;/.exec(invoke);
     const time = /ELSE IF @base = N'time' AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'([^']+)'\s+SET @ok = 0;/.exec(invoke);
-    assert.ok(date && time);
+    assert.ok(date && time, 'the ISO checks for dates and times');
     const isoDate = likeToRegExp(date[1]);
     for (const ok of ['2024-03-01', '2024-03-01T10:00:00', '2024-03-01 10:00:00.123', '2024-03-01T10:00:00.1234567+01:00']) assert.match(ok, isoDate);
     for (const bad of ['01/03/2024', '03/01/2024', '1 March 2024', 'Mar 1 2024', '20240301', '2024/03/01', '']) assert.doesNotMatch(bad, isoDate);
@@ -156,7 +156,7 @@ describe('mssql run: dates are read the same way in the caller’s and the activ
     assert.doesNotMatch('10.30', isoTime);
     assert.doesNotMatch('10:30 PM'.replace(/^/, 'at '), isoTime);
     // checked before the generic conversion check, so a refused form never reaches TRY_CONVERT
-    assert.ok(invoke.indexOf("ELSE IF @base IN (N'date'") < invoke.indexOf('asyncexec.ArgumentConversion(@base'));
+    assert.ok(invoke.indexOf("ELSE IF @base IN (N'date'") < invoke.indexOf('asyncexec.ArgumentConversion(@base'), 'the ISO check precedes the conversion check');
   });
 });
 
@@ -164,9 +164,9 @@ describe('mssql run: a callee that ends the transaction it was called in (item 4
   it('compares @@TRANCOUNT and the transaction id after the call, records 50014 and never retries', async () => {
     const run = withoutComments(await procedure('usp_AsyncExecRun'));
     const id = run.indexOf('SET @tranId = CURRENT_TRANSACTION_ID();');
-    assert.ok(id > run.indexOf('BEGIN TRANSACTION;') && id < run.indexOf('SAVE TRANSACTION AsyncExecCall;'));
+    assert.ok(id > run.indexOf('BEGIN TRANSACTION;') && id < run.indexOf('SAVE TRANSACTION AsyncExecCall;'), 'the transaction id is read in the run transaction, before the savepoint');
     const check = run.indexOf('IF @transactional = 1 AND (@@TRANCOUNT = 0 OR CURRENT_TRANSACTION_ID() <> @tranId)');
-    assert.ok(check > run.indexOf('EXEC sys.sp_executesql @sql'));
+    assert.ok(check > run.indexOf('EXEC sys.sp_executesql @sql'), 'checked after the call');
     assert.match(run.slice(check, check + 800), /SELECT @ended = 1, @failed = 1, @errNumber = 50014, @errSeverity = 16, @errState = 1,\s+@errLine = NULL, @errProcedure = NULL;/);
     assert.match(run, /SET @status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' WHEN @ended = 1 THEN 'FAILED'/, 'no retry, no matter the attempts left');
     // the savepoint is rolled back to only while the transaction is still ours
@@ -227,7 +227,7 @@ describe('mssql run: calls that run outside a transaction (item 8)', () => {
 
     const claim = withoutComments(await procedure('usp_AsyncExecActivated'));
     assert.match(claim, /WHEN @status = 'RUNNING' AND @transactional = 0 THEN 'FAILED'/);
-    assert.ok(claim.indexOf("WHEN @status = 'RUNNING' AND @transactional = 0 THEN 'FAILED'") < claim.indexOf("ELSE 'RUNNING' END;"));
+    assert.ok(claim.indexOf("WHEN @status = 'RUNNING' AND @transactional = 0 THEN 'FAILED'") < claim.indexOf("ELSE 'RUNNING' END;"), 'a lost non-transactional run is failed, not run again');
     assert.match(claim, /error_number = CASE WHEN @newStatus = 'FAILED' AND @transactional = 0 THEN 50015/);
     assert.match(claim, /transactional = CASE WHEN @newStatus = 'RUNNING' THEN @registeredTransactional ELSE transactional END,/);
     // the lock that gives exclusion outlives the claim's transaction
@@ -242,6 +242,9 @@ describe('mssql run: timeoutMs (item 6 of the brief, 10 of the issue)', () => {
     }
     checkRegisterOptions({ timeoutMs: null });
     checkRegisterOptions({});
+    // registerProcedure refuses before anything reaches the server
+    const pool = { request: () => assert.fail('no request for a refused registration') } as unknown as sql.ConnectionPool;
+    await assert.rejects(registerProcedure(pool, 'demo.sleep', { timeoutMs: 500 }), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT');
     const register = withoutComments(await procedure('usp_AsyncExecRegister'));
     assert.match(register, /IF @timeoutMs IS NOT NULL\s+BEGIN\s+SET @message = N'timeoutMs is not supported on SQL Server[^;]*;\s+THROW 50005, @message, 1;/);
     assert.match(codeOnly(await file('0011_run.sql')), /UPDATE asyncexec\.AsyncExecProcedures SET timeout_ms = NULL WHERE timeout_ms IS NOT NULL;/);
