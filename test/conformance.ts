@@ -296,6 +296,11 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
     });
 
     it("timeouts: a procedure's timeoutMs ends a longer call as a failed attempt, never runs it again beyond its attempts", async () => {
+      if (engine.kind === 'mssql') {
+        // not offered on SQL Server: only KILL stops a running call (docs/mssql.md, "Timeouts")
+        await assert.rejects(engine.registerProcedure('demo.sleep', { timeoutMs: 500 }), isCode('BAD_USER_INPUT'));
+        return;
+      }
       await engine.registerProcedure('demo.sleep', { timeoutMs: 500 });
       try {
         const started = Date.now();
@@ -991,6 +996,57 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.equal(await harness.ledgerCount(tag), 1, 'ran exactly once');
         const again = await (engine as unknown as MssqlEngine).recoverLostCalls({ minAgeSeconds: 0 });
         assert.equal(again.recovered, 0, 'a finished call is never sent again');
+      });
+    });
+
+    describe('SQL Server run path (issue 11), where the behaviour exists on both engines', () => {
+      it('money-like arguments keep four decimals through the call and back', async () => {
+        const [call] = await submit([{ procedure: 'demo.echo_money', arguments: { amount: '12.3456' } }]);
+        const [done] = await finished([call.token]);
+        assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+        assert.equal(Number(done.result?.outputParameters?.same), 12.3456);
+      });
+
+      it('a datetime given as yyyy-mm-dd runs as that day (1 March, not 3 January)', async () => {
+        const calls = await submit([
+          { procedure: 'demo.date_parts', arguments: { at: '2024-03-01' } },
+          { procedure: 'demo.date_parts', arguments: { at: '2024-03-01T23:30:00' } },
+        ]);
+        for (const done of await finished(calls.map((c) => c.token))) {
+          assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+          assert.deepEqual([Number(done.result?.outputParameters?.month), Number(done.result?.outputParameters?.day)], [3, 1]);
+        }
+        // SQL Server only: forms that a session's language or DATEFORMAT would read differently are refused
+        if (engine.kind === 'mssql') await expectRefusal({ procedure: 'demo.date_parts', arguments: { at: '01/03/2024' } }, 'INVALID_ARGUMENTS');
+      });
+
+      // SQL Server only: on PostgreSQL a procedure cannot COMMIT inside the caller's transaction block at all
+      it('a procedure that commits the transaction it was called in ends FAILED (50014) and runs once', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('SQL Server behaviour (demo.commit_outer exists there only)');
+        const tag = unique('commit-outer');
+        const [call] = await submit([{ procedure: 'demo.commit_outer', arguments: { tag }, maxAttempts: 3 }]);
+        const [done] = await finished([call.token]);
+        assert.equal(done.status, 'FAILED');
+        assert.equal(String(done.error?.number), '50014');
+        assert.equal(done.attempts, 1, 'never retried, whatever its attempts');
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        assert.equal((await engine.getExecution(call.token))!.attempts, 1);
+        assert.equal(await harness.ledgerCount(tag), 1, 'what it committed stays, once');
+      });
+
+      it('a non-transactional procedure is registered as such and runs', async () => {
+        try {
+          const registered = await engine.registerProcedure('demo.record', { transactional: false });
+          assert.equal(registered.transactional, false);
+          assert.equal((await engine.listProcedures()).find((p) => p.name === 'demo.record')!.transactional, false);
+          const tag = unique('outside');
+          const [call] = await submit([{ procedure: 'demo.record', arguments: { tag } }]);
+          const [done] = await finished([call.token]);
+          assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+          assert.equal(await harness.ledgerCount(tag), 1);
+        } finally {
+          await engine.registerProcedure('demo.record', { transactional: true });
+        }
       });
     });
   });

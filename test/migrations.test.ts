@@ -26,7 +26,8 @@ const LANDED: Record<string, string> = {
   'mssql/0008_cancel_batch.sql': 'a7162cbe4b4ffaaa3f3de2b371e488d9b6b9e7ad206bed933b368a7cf8fe158f',
   'mssql/0009_identity.sql': '46d6dc3ee21e269b34f104a8aa24d3c02f1af6923c532927c922bab54e4b02d0',
   'mssql/0010_routines.sql': 'c4219a1dbfe29126ef63655f175e1021175de9358a239ea3239e0f9736a948b4',
-  'mssql/0013_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
+  'mssql/0011_run.sql': '5d15b1c8fb834abef9d58eea06cf2106b0dfd6142a4b392ade56d8a07610b3a9',
+  'mssql/0012_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
 };
 
 describe('landed migrations', () => {

@@ -160,9 +160,9 @@ describe('mssql listener: one notification cycle', () => {
   });
 });
 
-describe('mssql listener: every instance hears every completion (0013, usp_AsyncExecListener*)', () => {
-  it('0013 registers listeners in a table without a rowversion (a heartbeat must not hold the change feed back)', async () => {
-    const text = code(await readFile(path.join(MSSQL_SQL_DIR, '0013_listeners.sql'), 'utf8'));
+describe('mssql listener: every instance hears every completion (0012, usp_AsyncExecListener*)', () => {
+  it('0012 registers listeners in a table without a rowversion (a heartbeat must not hold the change feed back)', async () => {
+    const text = code(await readFile(path.join(MSSQL_SQL_DIR, '0012_listeners.sql'), 'utf8'));
     assert.match(text, /CREATE TABLE asyncexec\.AsyncExecListeners \(/);
     assert.doesNotMatch(text, /rowversion|timestamp/i);
     assert.match(text, /CREATE MESSAGE TYPE \[asyncexec\/Wake\] VALIDATION = EMPTY;/);

@@ -62,9 +62,46 @@ BEGIN
 END;
 GO
 
+-- The run path (docs/mssql.md, "How a call runs"): money keeps four decimals, a datetime given
+-- as yyyy-mm-dd is that day whatever the session's language, a procedure that commits the
+-- transaction it was called in fails (50014) and is not run again.
+CREATE OR ALTER PROCEDURE demo.echo_money
+    @amount money,
+    @same   money OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SET @same = @amount;
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.date_parts
+    @at    datetime,
+    @month int OUTPUT,
+    @day   int OUTPUT
+AS
+BEGIN
+    SET NOCOUNT ON;
+    SELECT @month = MONTH(@at), @day = DAY(@at);
+END;
+GO
+
+CREATE OR ALTER PROCEDURE demo.commit_outer
+    @tag nvarchar(200)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    INSERT demo.ledger (tag) VALUES (@tag);
+    COMMIT;   -- breaks the rule for called procedures: it commits the caller's transaction
+END;
+GO
+
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.sleep';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.fail';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.add';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.record';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.noop';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.echo_money';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.date_parts';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.commit_outer';
 GO

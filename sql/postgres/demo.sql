@@ -24,8 +24,17 @@ language sql as $$ insert into demo.ledger (tag) values (tag) $$;
 create or replace procedure demo.noop()
 language plpgsql as $$ begin end $$;
 
+-- money-like exact values keep four decimals; a timestamp given as yyyy-mm-dd is that day
+create or replace procedure demo.echo_money(amount numeric(19,4), out same numeric(19,4))
+language plpgsql as $$ begin same := amount; end $$;
+
+create or replace procedure demo.date_parts(at timestamp, out month integer, out day integer)
+language plpgsql as $$ begin month := extract(month from at); day := extract(day from at); end $$;
+
 select asyncproc.register('demo.sleep(double precision)');
 select asyncproc.register('demo.fail(text)');
 select asyncproc.register('demo.add(integer, integer)');
 select asyncproc.register('demo.record(text)');
 select asyncproc.register('demo.noop()');
+select asyncproc.register('demo.echo_money(numeric)');
+select asyncproc.register('demo.date_parts(timestamp without time zone)');

@@ -1,5 +1,9 @@
 -- Our poison-message handling: take a call's messages off its queue for good, fail the
--- call (50012) unless it is finished or a live reader holds it, and end the dialog.
+-- call (50012) unless it is finished or a live reader holds it, and end the dialog, all in one
+-- transaction. The dialog is never ended unless that transaction commits: when the failure
+-- cannot be recorded, the message is moved to asyncexec.AsyncExecDeadLetters (RECEIVE and
+-- INSERT in one transaction) and the dialog stays open, so nothing is dropped while the call
+-- is unfinished. If even that fails, the message stays on the queue and is tried again.
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecAbandon
     @queue      nvarchar(100),
     @h          uniqueidentifier,   -- the target side of the call's dialog
@@ -14,12 +18,15 @@ BEGIN
     SET ARITHABORT ON;
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @resource nvarchar(255), @cursor varchar(18), @reply xml,
+    DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @deadReceive nvarchar(max), @deadType sysname,
+            @deadBody varbinary(max), @errNumber int, @errText nvarchar(4000), @resource nvarchar(255), @cursor varchar(18), @reply xml,
             @now datetime2(3), @batchId uniqueidentifier, @batchStatus varchar(10);
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @receive = N'RECEIVE TOP (1) @x = conversation_handle FROM asyncexec.' + QUOTENAME(queue_object)
-                    + N' WHERE conversation_handle = @h;'
+                    + N' WHERE conversation_handle = @h;',
+           @deadReceive = N'RECEIVE TOP (1) @x = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
+                    + QUOTENAME(queue_object) + N' WHERE conversation_handle = @h;'
     FROM asyncexec.AsyncExecQueues
     WHERE name = @queue;
     IF @id IS NULL
@@ -63,25 +70,47 @@ BEGIN
                 EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
             SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
             SET @reply = (SELECT @id AS [@id], 'FAILED' AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
-            SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+            -- not on a dialog whose other side has ended or errored: SEND fails there, and the
+            -- status is a hint (the results row is the truth)
+            IF EXISTS (SELECT 1 FROM sys.conversation_endpoints WHERE conversation_handle = @h AND state NOT IN ('DI', 'DO', 'ER', 'CD'))
+            BEGIN
+                SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+            END;
         END;
         -- Ending the dialog removes its remaining messages from the queue.
         END CONVERSATION @h;
         COMMIT TRANSACTION;
     END TRY
     BEGIN CATCH
+        SELECT @errNumber = ERROR_NUMBER(), @errText = ERROR_MESSAGE();
         IF XACT_STATE() <> 0
             ROLLBACK TRANSACTION;
         INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
-        VALUES (@queue, @id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
-        -- Last resort: end the dialog with an error, which also discards its messages
-        -- (the listener ends the other side on the Error message).
+        VALUES (@queue, @id, @h, @errNumber, @errText);
+        -- The failure could not be recorded. Ending the dialog now (the old WITH ERROR fallback)
+        -- would discard its messages and its timer while the call stays PENDING, WAITING or
+        -- RUNNING for ever. Keep the message instead: take it off the queue into the dead
+        -- letters, RECEIVE and INSERT in one transaction (either both commit or the message stays
+        -- on the queue), and leave the dialog open. An operator replays it by arming the
+        -- dialog's timer (docs/mssql.md, "When a call's messages cannot be handled").
+        IF @deadReceive IS NOT NULL
+        BEGIN
         BEGIN TRY
-            END CONVERSATION @h WITH ERROR = 50012 DESCRIPTION = N'asyncexec could not handle this call''s messages';
+            BEGIN TRANSACTION;
+            SELECT @x = NULL, @deadType = NULL, @deadBody = NULL;
+            EXEC sys.sp_executesql @deadReceive, N'@h uniqueidentifier, @x uniqueidentifier OUTPUT, @type sysname OUTPUT, @body varbinary(max) OUTPUT',
+                 @h = @h, @x = @x OUTPUT, @type = @deadType OUTPUT, @body = @deadBody OUTPUT;
+            IF @x IS NOT NULL
+                INSERT asyncexec.AsyncExecDeadLetters (queue, execution_id, conversation_handle, message_type_name, message_body, error_number, error_message)
+                VALUES (@queue, @id, @h, @deadType, @deadBody, @errNumber, LEFT(CONCAT(@errText, N' (after: ', @errMessage, N')'), 4000));
+            COMMIT TRANSACTION;
         END TRY
         BEGIN CATCH
+            IF XACT_STATE() <> 0
+                ROLLBACK TRANSACTION;   -- the message is back on the queue: tried again, never dropped
             INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
             VALUES (@queue, @id, @h, ERROR_NUMBER(), ERROR_MESSAGE());
         END CATCH;
+        END;
     END CATCH;
 END;

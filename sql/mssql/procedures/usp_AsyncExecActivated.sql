@@ -14,7 +14,7 @@ BEGIN
             @status varchar(10), @runAt datetime2(3), @recoveries int, @cancel bit, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
             @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int, @batchId uniqueidentifier,
-            @batchStatus varchar(10), @rows int;
+            @batchStatus varchar(10), @rows int, @transactional bit, @registeredTransactional bit, @transient bit;
     DECLARE @changed TABLE (v binary(8), status varchar(10));
 
     SELECT @receive = N'WAITFOR (RECEIVE TOP (1) @h = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
@@ -40,6 +40,7 @@ BEGIN
         SELECT @h = NULL, @type = NULL, @body = NULL, @id = NULL, @status = NULL, @run = 0, @end = 0, @timer = NULL,
                @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL, @newStatus = NULL, @cancel = NULL,
                @batchId = NULL;
+        SELECT @transactional = NULL, @registeredTransactional = NULL, @transient = 0;
         DELETE @changed;
         BEGIN TRY
             BEGIN TRANSACTION;
@@ -64,7 +65,10 @@ BEGIN
                 SELECT @id = id FROM asyncexec.AsyncExecResults WHERE target_handle = @h;
 
             SELECT @status = e.status, @runAt = e.run_at, @recoveries = e.recoveries, @batchId = e.batch_id,
-                   @lease = 60 + COALESCE(CEILING(r.timeout_ms / 1000.0), 0)
+                   @lease = 60 + COALESCE(CEILING(r.timeout_ms / 1000.0), 0),
+                   -- how a run that starts now is made (the registration), and how the last one was
+                   -- (NULL: none started, or one from before 0011_run.sql, when every run was)
+                   @registeredTransactional = COALESCE(r.transactional, 1), @transactional = COALESCE(e.transactional, 1)
             FROM asyncexec.AsyncExecResults AS e
             LEFT JOIN asyncexec.AsyncExecProcedures AS r ON r.name = e.[procedure]
             WHERE e.id = @id;
@@ -93,6 +97,7 @@ BEGIN
                         SET @now = SYSUTCDATETIME();
                         UPDATE asyncexec.AsyncExecResults
                            SET status = 'FAILED', finished_at = @now, error_number = 50011, error_severity = 16, error_state = 1,
+                               error_line = NULL, error_procedure = NULL,   -- not those of an earlier attempt's error
                                error_message = CONCAT(N'the call''s dialog ended before the call finished',
                                                       N': ' + CAST(@errNumber AS nvarchar(11)) + N' ' + @errMessage)
                         -- the status read above may be stale (usp_AsyncExecCancel): the UPDATE
@@ -110,7 +115,15 @@ BEGIN
                         END;
                     END;
                 END;
-                SET @end = 1;
+                -- Never end a dialog before the call's final status is committed: a live reader
+                -- that holds a RUNNING call ends the dialog itself with the outcome it records
+                -- (ending it here would take its lease timer, and leave the call RUNNING for ever
+                -- if that reader then died); a call whose lock is held only for a moment (a cancel)
+                -- is looked at again shortly. Ended when the call is finished, or failed above.
+                IF @locked = 1 OR @status IS NULL OR @status NOT IN ('PENDING', 'WAITING', 'RUNNING')
+                    SET @end = 1;
+                ELSE IF @status <> 'RUNNING'
+                    SET @timer = 5;
             END
             ELSE IF @status IS NULL OR @status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
             BEGIN
@@ -148,7 +161,8 @@ BEGIN
                     -- a WAITING or PENDING call holding this lock (not the conversation group), and
                     -- usp_AsyncExecBatchSettle holding its row, so the status read above may be
                     -- stale. UPDLOCK reads the latest committed row and keeps it until we commit.
-                    SELECT @status = status, @runAt = run_at, @recoveries = recoveries, @cancel = cancel_requested
+                    SELECT @status = status, @runAt = run_at, @recoveries = recoveries, @cancel = cancel_requested,
+                           @transactional = COALESCE(transactional, 1)
                     FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
                     WHERE id = @id;
                     SET @newStatus = CASE WHEN @status IS NULL OR @status NOT IN ('PENDING', 'WAITING', 'RUNNING') THEN NULL
@@ -156,6 +170,9 @@ BEGIN
                                           -- cancel asked for and its session gone (killed): never run it again
                                           WHEN @cancel = 1 THEN 'CANCELLED'
                                           WHEN @status = 'RUNNING' AND @recoveries + 1 >= 5 THEN 'FAILED'
+                                          -- a non-transactional run lost mid-call may have committed part of
+                                          -- its work: never run it again (RegisterOptions.transactional)
+                                          WHEN @status = 'RUNNING' AND @transactional = 0 THEN 'FAILED'
                                           ELSE 'RUNNING' END;
                     IF @newStatus IS NULL
                     BEGIN
@@ -177,10 +194,17 @@ BEGIN
                                recoveries = recoveries + CASE WHEN status = 'RUNNING' THEN 1 ELSE 0 END,
                                session_id = CASE WHEN @newStatus = 'RUNNING' THEN @@SPID ELSE session_id END,
                                worker = CASE WHEN @newStatus = 'RUNNING' THEN CONCAT(N'session ', @@SPID) ELSE worker END,
-                               error_number = CASE WHEN @newStatus = 'FAILED' THEN 50010 ELSE error_number END,
+                               transactional = CASE WHEN @newStatus = 'RUNNING' THEN @registeredTransactional ELSE transactional END,
+                               error_number = CASE WHEN @newStatus = 'FAILED' AND @transactional = 0 THEN 50015
+                                                   WHEN @newStatus = 'FAILED' THEN 50010 ELSE error_number END,
                                error_severity = CASE WHEN @newStatus = 'FAILED' THEN 16 ELSE error_severity END,
                                error_state = CASE WHEN @newStatus = 'FAILED' THEN 1 ELSE error_state END,
-                               error_message = CASE WHEN @newStatus = 'FAILED'
+                               -- the 50010/50015 failure is not the earlier attempt's error: no line, no procedure
+                               error_line = CASE WHEN @newStatus = 'FAILED' THEN NULL ELSE error_line END,
+                               error_procedure = CASE WHEN @newStatus = 'FAILED' THEN NULL ELSE error_procedure END,
+                               error_message = CASE WHEN @newStatus = 'FAILED' AND @transactional = 0
+                                                    THEN N'the session running this non-transactional call was lost mid-run; it is not run again (its work may be partly committed)'
+                                                    WHEN @newStatus = 'FAILED'
                                                     THEN CONCAT(N'the session running this call was lost ', @recoveries + 1, N' times')
                                                     ELSE error_message END
                         OUTPUT inserted.row_version, inserted.status INTO @changed (v, status)
@@ -212,7 +236,12 @@ BEGIN
                 SELECT @cursor = CONVERT(varchar(18), v, 1), @newStatus = status FROM @changed;
                 SET @reply = (SELECT @id AS [@id], @newStatus AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
                 -- Messages of a conversation arrive in the order sent: RUNNING before the outcome.
-                SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+                -- Not on a dialog whose other side has ended (DI) or errored (ER): SEND fails there,
+                -- and the status is a hint (the results row is the truth).
+                IF EXISTS (SELECT 1 FROM sys.conversation_endpoints WHERE conversation_handle = @h AND state NOT IN ('DI', 'DO', 'ER', 'CD'))
+                BEGIN
+                    SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+                END;
             END;
             IF @timer IS NOT NULL
             BEGIN
@@ -222,6 +251,9 @@ BEGIN
             BEGIN
                 END CONVERSATION @h;
             END;
+            -- A handled message is progress: earlier failures on this dialog no longer count
+            -- towards giving the call up (only consecutive ones do).
+            UPDATE asyncexec.AsyncExecErrors SET strike = 0 WHERE conversation_handle = @h AND strike = 1;
             COMMIT TRANSACTION;
             IF @locked = 1 AND @run = 0
                 EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
@@ -232,17 +264,27 @@ BEGIN
                 ROLLBACK TRANSACTION;
             IF @locked = 1
                 EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
-            INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, message_type_name, error_number, error_message)
-            VALUES (@queue, @id, @h, @type, @errNumber, @errMessage);
+            -- Transient: the same message will very likely be handled on a later try, so it is
+            -- no strike against the call. 1205 deadlock victim, 1222 lock request timeout,
+            -- 1204 no lock resources, 9002 transaction log full, 1105 filegroup full, 701/802/
+            -- 8645/8651 memory, 3960 snapshot update conflict.
+            SET @transient = CASE WHEN @errNumber IN (1204, 1205, 1222, 9002, 1105, 701, 802, 8645, 8651, 3960) THEN 1 ELSE 0 END;
+            INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, message_type_name, error_number, error_message, strike)
+            VALUES (@queue, @id, @h, @type, @errNumber, @errMessage, CASE WHEN @transient = 1 THEN 0 ELSE 1 END);
             -- The message is back on the queue, and RECEIVE returns it first again. Poison-
             -- message handling is off on our queues (ALTER QUEUE: "allows for a custom poison
             -- message handling system to be defined by the application"), so this is ours:
-            -- after five failures on one dialog, give up on that call instead of letting it
-            -- hold up the queue for ever.
-            IF @h IS NOT NULL
-               AND (SELECT COUNT(*) FROM asyncexec.AsyncExecErrors
-                     WHERE conversation_handle = @h AND message_type_name IS NOT NULL) >= 5
+            -- after five failures in a row on one dialog that are not transient (a handled
+            -- message resets the count, above), give up on that call instead of letting it hold
+            -- up the queue for ever. usp_AsyncExecAbandon never drops a message it cannot
+            -- record: it keeps it as a dead letter.
+            IF @h IS NOT NULL AND @transient = 0
+               AND (SELECT COUNT(*) FROM asyncexec.AsyncExecErrors WHERE conversation_handle = @h AND strike = 1) >= 5
                 EXEC asyncexec.usp_AsyncExecAbandon @queue = @queue, @h = @h, @id = @id, @errMessage = @errMessage;
+            -- A transient failure (a log that is full stays full a while): pause before the
+            -- message is tried again, rather than restarting on it at once.
+            IF @transient = 1
+                WAITFOR DELAY '00:00:01';
             -- Return instead of spinning on the message: activation starts a reader again
             -- while the queue holds messages.
             RETURN;

@@ -126,6 +126,12 @@ BEGIN
             SET @ok = CASE WHEN @maxLength = -1 OR DATALENGTH(CONVERT(varchar(max), @value)) <= @maxLength THEN 1 ELSE 0 END;
         ELSE IF @jsonType IN (4, 5)
             SET @ok = 0;
+        ELSE IF @base IN (N'date', N'datetime', N'datetime2', N'datetimeoffset', N'smalldatetime')
+                AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]%'
+            -- only ISO 8601 forms (yyyy-mm-dd…), which every session reads the same way (asyncexec.ArgumentConversion)
+            SET @ok = 0;
+        ELSE IF @base = N'time' AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'[0-9][0-9]:[0-9][0-9]%'
+            SET @ok = 0;
         ELSE IF @base IN (N'varbinary', N'binary')
             SET @ok = CASE
                 WHEN @jsonType = 1
@@ -135,8 +141,9 @@ BEGIN
                 THEN 1 ELSE 0 END;
         ELSE
         BEGIN
-            -- @typeText comes from the catalog (asyncexec.TypeText), never from the caller
-            SET @check = N'SET @ok = CASE WHEN TRY_CONVERT(' + @typeText + N', @value) IS NULL THEN 0 ELSE 1 END;';
+            -- @typeText comes from the catalog (asyncexec.TypeText), never from the caller; the
+            -- conversion is the very expression usp_AsyncExecRun converts with (TRY_ here)
+            SET @check = N'SET @ok = CASE WHEN ' + asyncexec.ArgumentConversion(@base, @typeText, N'@value', 1) + N' IS NULL THEN 0 ELSE 1 END;';
             EXEC sys.sp_executesql @check, N'@value nvarchar(max), @ok bit OUTPUT', @value = @value, @ok = @ok OUTPUT;
         END;
         IF @ok = 0
@@ -191,11 +198,38 @@ BEGIN
     SET @status = CASE WHEN @held = 1 OR @runAt > SYSUTCDATETIME() THEN 'WAITING' ELSE 'PENDING' END;
 
     -- Writes: under a savepoint inside the caller's transaction, or in our own.
-    DECLARE @trancount int = @@TRANCOUNT, @h uniqueidentifier, @body xml;
+    -- No savepoint (@saved = 0) where it cannot help or cannot be taken:
+    --  * the caller runs with XACT_ABORT ON (@@OPTIONS bit 16384): "if a Transact-SQL statement
+    --    raises a run-time error, the entire transaction is terminated and rolled back" (SET
+    --    XACT_ABORT), so there is never a savepoint to return to; and distributed transactions
+    --    usually run so ("XACT_ABORT must be set ON for data modification statements in an
+    --    implicit or explicit transaction against most OLE DB providers");
+    --  * a distributed transaction: "SAVE TRANSACTION is not supported in distributed
+    --    transactions" (SAVE TRANSACTION); it fails with 627, which leaves the transaction usable
+    --    under XACT_ABORT OFF (severity 16). Detecting one up front needs sys.dm_tran_session_
+    --    transactions.is_local, i.e. VIEW SERVER STATE, which this procedure's EXECUTE AS OWNER
+    --    context (scoped to the database) does not carry, hence the try.
+    -- Without a savepoint a failure below is rethrown with our writes still in the caller's
+    -- transaction: the caller must roll back (under XACT_ABORT ON it is rolled back already).
+    -- A savepoint also stays in the transaction until it ends, and "cannot promote the transaction
+    -- to a distributed transaction because there is an active save point" (3933): a caller that
+    -- will go distributed later should invoke with XACT_ABORT ON (docs/mssql.md).
+    DECLARE @trancount int = @@TRANCOUNT, @h uniqueidentifier, @body xml, @saved bit = 0;
     IF @trancount = 0
         BEGIN TRANSACTION;
-    ELSE
-        SAVE TRANSACTION usp_AsyncExecInvoke;
+    ELSE IF @@OPTIONS & 16384 = 0
+    BEGIN
+        BEGIN TRY
+            SAVE TRANSACTION usp_AsyncExecInvoke;
+            SET @saved = 1;
+        END TRY
+        BEGIN CATCH
+            IF ERROR_NUMBER() <> 627 OR XACT_STATE() <> 1
+            BEGIN
+                THROW;
+            END;
+        END CATCH;
+    END;
     BEGIN TRY
         SET @token = NEWID();
         IF @held = 0
@@ -227,7 +261,7 @@ BEGIN
             ROLLBACK TRANSACTION;                         -- doomed: only a full rollback is possible
         ELSE IF XACT_STATE() = 1 AND @trancount = 0
             ROLLBACK TRANSACTION;                         -- our own transaction
-        ELSE IF XACT_STATE() = 1 AND @trancount > 0
+        ELSE IF XACT_STATE() = 1 AND @trancount > 0 AND @saved = 1
             ROLLBACK TRANSACTION usp_AsyncExecInvoke;     -- the savepoint saved above, by the same name
         THROW;
     END CATCH;

@@ -2,15 +2,22 @@
 -- returns its registered name. @optionalParameters: JSON array of the parameter names (no @)
 -- that have defaults. @roles: JSON array of role names (1-64 of A-Z a-z 0-9 _ . : -); NULL or
 -- [] any caller. Registering a withdrawn procedure brings it back.
+-- @transactional: 1 (default) runs each call inside the transaction that records its outcome;
+-- 0 runs it with no transaction open and records the outcome after (usp_AsyncExecRun).
+-- @timeoutMs: refused (50005) unless NULL. SQL Server has no statement timeout a server-side
+-- caller can set; the only way to stop a running call is KILL, which needs the server
+-- permission ALTER ANY CONNECTION that the activation's EXECUTE AS OWNER context (scoped to the
+-- database) never has (docs/mssql.md, "Timeouts"). A timeout we cannot enforce is not offered.
 -- Errors: 50001 no such procedure, 50002 unsupported parameter types or bad optional list,
---         50003 unknown queue, 50005 bad maxAttempts, timeout or roles.
+--         50003 unknown queue, 50005 bad maxAttempts, a timeout, or bad roles.
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecRegister
     @procedure          nvarchar(261),
     @queue              nvarchar(100) = N'default',
     @maxAttempts        int = 1,
     @timeoutMs          int = NULL,
     @optionalParameters nvarchar(max) = NULL,
-    @roles              nvarchar(max) = NULL
+    @roles              nvarchar(max) = NULL,
+    @transactional      bit = 1
 AS
 BEGIN
     SET NOCOUNT ON;
@@ -27,11 +34,17 @@ BEGIN
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
     SET @registered = @schema + N'.' + @name;
 
-    IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100 OR @timeoutMs <= 0
+    IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100
     BEGIN
-        SET @message = N'maxAttempts must be between 1 and 100 and timeoutMs positive';
+        SET @message = N'maxAttempts must be between 1 and 100';
         THROW 50005, @message, 1;
     END;
+    IF @timeoutMs IS NOT NULL
+    BEGIN
+        SET @message = N'timeoutMs is not supported on SQL Server: a running call can only be stopped by KILL (see docs/mssql.md, "Timeouts")';
+        THROW 50005, @message, 1;
+    END;
+    SET @transactional = COALESCE(@transactional, 1);
     IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecQueues WHERE name = @queue)
     BEGIN
         SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
@@ -84,11 +97,11 @@ BEGIN
 
     UPDATE asyncexec.AsyncExecProcedures
        SET queue = @queue, max_attempts = @maxAttempts, timeout_ms = @timeoutMs, optional_parameters = @optionalParameters,
-           roles = @roles, unregistered_at = NULL
+           roles = @roles, unregistered_at = NULL, transactional = @transactional
      WHERE schema_name = @schema AND procedure_name = @name;
     IF @@ROWCOUNT = 0
-        INSERT asyncexec.AsyncExecProcedures (name, schema_name, procedure_name, queue, max_attempts, timeout_ms, optional_parameters, roles)
-        VALUES (@registered, @schema, @name, @queue, @maxAttempts, @timeoutMs, @optionalParameters, @roles);
+        INSERT asyncexec.AsyncExecProcedures (name, schema_name, procedure_name, queue, max_attempts, timeout_ms, optional_parameters, roles, transactional)
+        VALUES (@registered, @schema, @name, @queue, @maxAttempts, @timeoutMs, @optionalParameters, @roles, @transactional);
 
     SELECT @registered AS name;
 END;

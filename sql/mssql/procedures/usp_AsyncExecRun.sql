@@ -23,7 +23,19 @@
 
 -- Errors recorded on calls: 50001 the procedure disappeared, 50010 the call's session
 -- was lost five times, 50011 the call's dialog ended before the call finished, 50012 the
--- call's messages could not be handled five times (our own poison-message handling).
+-- call's messages could not be handled five times (our own poison-message handling),
+-- 50014 the called procedure ended (COMMIT or ROLLBACK) the transaction it was called in
+-- (never retried), 50015 the session running a non-transactional call was lost mid-run
+-- (never run again).
+--
+-- Non-transactional calls (AsyncExecResults.transactional = 0, copied from the registration
+-- by the claim): the claim has committed the RECEIVE, RUNNING and the lease, and holds the
+-- call's application lock session-owned ("the lock is released ... when the session ends":
+-- sp_getapplock @LockOwner = 'Session'), so exclusion outlives the transactions; the call runs
+-- with no transaction open (BACKUP, ALTER DATABASE and full-text DDL may then run: they are
+-- not allowed in an explicit transaction), and the outcome is recorded after it in a
+-- transaction of its own. A session lost mid-call leaves the call RUNNING with its lock free:
+-- the lease's reader fails it (50015), never runs it again.
 --
 -- SET options: an activated procedure runs on a background session with "the default
 -- options for the database" (Internal Activation Context), which are OFF for
@@ -53,10 +65,10 @@ BEGIN
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
             @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
             @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @batchId uniqueidentifier,
-            @batchStatus varchar(10);
+            @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0;
     DECLARE @changed TABLE (v binary(8));
 
-    SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id,
+    SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id, @transactional = COALESCE(e.transactional, 1),
            @target = CASE WHEN OBJECT_ID(QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name), N'P') IS NOT NULL
                           THEN QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name) END
     FROM asyncexec.AsyncExecResults AS e
@@ -86,15 +98,22 @@ BEGIN
                            THEN CONCAT(N'SELECT @p', position, N' = b.v FROM OPENJSON(@__args) AS a ',
                                        N'CROSS APPLY OPENJSON(N''["'' + a.[value] + N''"]'') WITH (v varbinary(max) N''$'') AS b ',
                                        N'WHERE a.[type] = 1 AND a.[key] = JSON_VALUE(@__names, N''$[', idx, N']'');')
-                           ELSE CONCAT(N'SELECT @p', position, N' = CONVERT(', type_text, N', a.[value]) FROM OPENJSON(@__args) AS a ',
+                           -- the expression usp_AsyncExecInvoke checked with (TRY_ there): the same reading
+                           -- of dates in both sessions, whatever their language and DATEFORMAT
+                           ELSE CONCAT(N'SELECT @p', position, N' = ', asyncexec.ArgumentConversion(base_type, type_text, N'a.[value]', 0),
+                                       N' FROM OPENJSON(@__args) AS a ',
                                        N'WHERE a.[key] = JSON_VALUE(@__names, N''$[', idx, N']'');')
                       END AS nvarchar(max)) END, NCHAR(10)) WITHIN GROUP (ORDER BY position),
         @execArgs = STRING_AGG(CAST(CASE WHEN present = 1 OR is_output = 1
                                          THEN CONCAT(N'@p', position, CASE WHEN is_output = 1 THEN N' OUTPUT' END)
                                          ELSE N'DEFAULT' END AS nvarchar(max)), N', ') WITHIN GROUP (ORDER BY position),
-        -- exact numerics travel as text so that JSON keeps every digit
+        -- exact numerics travel as text so that JSON keeps every digit; money and smallmoney with
+        -- style 2, "no commas every three digits to the left of the decimal point, and four digits
+        -- to the right" (CAST and CONVERT: style 0, the default, keeps only two)
         @outputs = NULLIF(STRING_AGG(CASE WHEN is_output = 1 THEN CAST(CONCAT(
-                       CASE WHEN base_type IN (N'bigint', N'decimal', N'numeric', N'money', N'smallmoney')
+                       CASE WHEN base_type IN (N'money', N'smallmoney')
+                            THEN CONCAT(N'CONVERT(nvarchar(64), @p', position, N', 2)')
+                            WHEN base_type IN (N'bigint', N'decimal', N'numeric')
                             THEN CONCAT(N'CONVERT(nvarchar(64), @p', position, N')') ELSE CONCAT(N'@p', position) END,
                        N' AS ', QUOTENAME(name)) AS nvarchar(max)) END, N', ') WITHIN GROUP (ORDER BY position), N''),
         @types = N'{' + NULLIF(STRING_AGG(CASE WHEN is_output = 1
@@ -113,17 +132,28 @@ BEGIN
         N'JSON_QUERY(@__types) AS [outputTypes], CAST(NULL AS int) AS [rows] FOR JSON PATH, WITHOUT_ARRAY_WRAPPER, INCLUDE_NULL_VALUES);');
 
     BEGIN TRY
-        BEGIN TRANSACTION;
-        -- Every statement on a dialog locks its conversation group until the transaction
-        -- ends: while the call runs, no other reader can receive this call's messages.
-        BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+        IF @transactional = 1
+        BEGIN
+            BEGIN TRANSACTION;
+            -- Every statement on a dialog locks its conversation group until the transaction
+            -- ends: while the call runs, no other reader can receive this call's messages.
+            BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+            -- "the transaction ID of the current transaction in the current session" (any user
+            -- may read it): a callee that COMMITs or ROLLBACKs ours and begins another leaves
+            -- @@TRANCOUNT as it was, but not this id.
+            SET @tranId = CURRENT_TRANSACTION_ID();
+        END;
+        -- (non-transactional: no transaction is open here; the claim committed its own, and the
+        -- conversation group is not held while the call runs: a lease timer that fires meanwhile
+        -- finds the call's session lock held and looks again later)
 
         IF @target IS NULL
             SELECT @failed = 1, @errNumber = 50001, @errSeverity = 16, @errState = 1,
                    @errMessage = CONCAT(N'procedure "', @registered, N'" is no longer registered or no longer exists');
         ELSE
         BEGIN
-            SAVE TRANSACTION AsyncExecCall;
+            IF @transactional = 1
+                SAVE TRANSACTION AsyncExecCall;
             BEGIN TRY
                 EXEC sys.sp_executesql @sql,
                      N'@__args nvarchar(max), @__names nvarchar(max), @__types nvarchar(max), @__result nvarchar(max) OUTPUT',
@@ -132,24 +162,42 @@ BEGIN
             BEGIN CATCH
                 SELECT @failed = 1, @errNumber = ERROR_NUMBER(), @errSeverity = ERROR_SEVERITY(), @errState = ERROR_STATE(),
                        @errLine = ERROR_LINE(), @errProcedure = ERROR_PROCEDURE(), @errMessage = ERROR_MESSAGE();
-                IF XACT_STATE() = 1
-                    ROLLBACK TRANSACTION AsyncExecCall;   -- undo the call's writes, keep the transaction
+                -- undo the call's writes, keep the transaction; only while it is still ours (the
+                -- savepoint belongs to it)
+                IF @transactional = 1 AND XACT_STATE() = 1 AND CURRENT_TRANSACTION_ID() = @tranId
+                    ROLLBACK TRANSACTION AsyncExecCall;
             END CATCH;
 
-            -- A doomed transaction (XACT_ABORT in the call, or an error that always dooms)
-            -- can only be rolled back whole, and a call may have ended our transaction
-            -- itself. Either way the outcome goes into a fresh transaction: the request was
-            -- consumed by the committed claim, so no rollback here returns it to the queue.
-            IF XACT_STATE() = -1
-                ROLLBACK TRANSACTION;
-            IF @@TRANCOUNT = 0
+            -- A callee that COMMITs or ROLLBACKs the transaction it was called in: @@TRANCOUNT
+            -- below the 1 it started with (a procedure that returns so raises 266, "Transaction
+            -- count after EXECUTE indicates a mismatching number of BEGIN and COMMIT
+            -- statements"), or another transaction than ours. Part of its work (and our lease)
+            -- may be committed already: record 50014 and never run it again, whatever its
+            -- attempts (a retry would repeat what was committed).
+            IF @transactional = 1 AND (@@TRANCOUNT = 0 OR CURRENT_TRANSACTION_ID() <> @tranId)
             BEGIN
-                BEGIN TRANSACTION;
-                BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+                SET @errMessage = LEFT(CONCAT(N'the called procedure ended the transaction it was called in (COMMIT or ROLLBACK); ',
+                                              N'it is not run again', CASE WHEN @errNumber IS NOT NULL
+                                              THEN CONCAT(N' (error ', @errNumber, N': ', @errMessage, N')') END), 4000);
+                SELECT @ended = 1, @failed = 1, @errNumber = 50014, @errSeverity = 16, @errState = 1,
+                       @errLine = NULL, @errProcedure = NULL;
             END;
+
+            -- A doomed transaction (XACT_ABORT in the call, or an error that always dooms)
+            -- can only be rolled back whole; so is one the callee began after ending ours, and
+            -- one a non-transactional callee left open (its uncommitted work). Either way the
+            -- outcome goes into a fresh transaction: the request was consumed by the committed
+            -- claim, so no rollback here returns it to the queue.
+            IF XACT_STATE() = -1 OR (@ended = 1 AND @@TRANCOUNT > 0) OR (@transactional = 0 AND @@TRANCOUNT > 0)
+                ROLLBACK TRANSACTION;
             -- a call that left a transaction open has had its work undone above; close its levels
             WHILE @@TRANCOUNT > 1
                 COMMIT TRANSACTION;
+        END;
+        IF @@TRANCOUNT = 0
+        BEGIN
+            BEGIN TRANSACTION;
+            BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
         END;
 
         -- A batch member locks its batch before its own row (lock order: see the header).
@@ -160,7 +208,8 @@ BEGIN
         -- that failed on its own is not retried: it ends CANCELLED (its attempt FAILED).
         SELECT @attempts = attempts, @maxAttempts = max_attempts, @cancel = cancel_requested
         FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK) WHERE id = @id;
-        SET @status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' WHEN @attempts < @maxAttempts AND @cancel = 1 THEN 'CANCELLED'
+        SET @status = CASE WHEN @failed = 0 THEN 'SUCCEEDED' WHEN @ended = 1 THEN 'FAILED'
+                           WHEN @attempts < @maxAttempts AND @cancel = 1 THEN 'CANCELLED'
                            WHEN @attempts < @maxAttempts THEN 'WAITING' ELSE 'FAILED' END;
         IF @status = 'WAITING'
             -- exponential backoff with jitter: about 2^attempts seconds, at most five minutes
@@ -175,7 +224,9 @@ BEGIN
                error_number = @errNumber, error_severity = @errSeverity, error_state = @errState,
                error_line = @errLine, error_procedure = @errProcedure, error_message = @errMessage
         OUTPUT inserted.row_version INTO @changed (v)
-        WHERE id = @id AND status = 'RUNNING';
+        -- only the run that holds the call: RUNNING, by this session (a stale run never
+        -- overwrites an outcome; while this session lives, its lock keeps every other away)
+        WHERE id = @id AND status = 'RUNNING' AND session_id = @@SPID;
 
         IF EXISTS (SELECT 1 FROM @changed)
         BEGIN
@@ -193,7 +244,12 @@ BEGIN
                 EXEC asyncexec.usp_AsyncExecBatchSettle @batchId = @batchId;
             SELECT @cursor = CONVERT(varchar(18), v, 1) FROM @changed;
             SET @reply = (SELECT @id AS [@id], @status AS [@status], @cursor AS [@cursor] FOR XML PATH('status'), TYPE);
-            SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+            -- not on a dialog whose other side has ended or errored: SEND fails there, and the
+            -- status is a hint (the results row is the truth); the outcome must still commit
+            IF EXISTS (SELECT 1 FROM sys.conversation_endpoints WHERE conversation_handle = @h AND state NOT IN ('DI', 'DO', 'ER', 'CD'))
+            BEGIN
+                SEND ON CONVERSATION @h MESSAGE TYPE [asyncexec/Status] (@reply);
+            END;
         END;
         IF @status = 'WAITING'
         BEGIN
@@ -207,7 +263,8 @@ BEGIN
     END TRY
     BEGIN CATCH
         -- The outcome could not be recorded: undo it all. The lease armed by the claim
-        -- brings the call back once this session's lock is released.
+        -- brings the call back once this session's lock is released (a transactional call is
+        -- run again, its work undone with ours; a non-transactional one is failed, 50015).
         SELECT @errNumber = ERROR_NUMBER(), @errMessage = ERROR_MESSAGE();
         IF XACT_STATE() <> 0
             ROLLBACK TRANSACTION;

@@ -9,7 +9,9 @@ import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
  * 50008 FORBIDDEN; usp_AsyncExecInvoke (0009_identity.sql): 50009 FORBIDDEN, the caller's roles
  * do not allow the procedure. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
  * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50041 of usp_AsyncExecPurge and 50042 of usp_AsyncExecRecover
- * (called inside a transaction): they stay unmapped.
+ * (called inside a transaction): they stay unmapped. 50014 (the callee ended the
+ * transaction it was called in) and 50015 (a non-transactional run lost mid-call) are recorded on
+ * executions by usp_AsyncExecRun and usp_AsyncExecActivated, never thrown to a caller.
  */
 export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
   50001: 'UNKNOWN_PROCEDURE',

@@ -391,7 +391,7 @@ export class MssqlListener implements Closeable {
       } catch (error) {
         this.options.logger.error(
           { err: toError(error), instanceId: this.instanceId },
-          'could not register this listener for wake-ups (EXECUTE on asyncexec.usp_AsyncExecListenerStart, migrations 0013 and later): ' +
+          'could not register this listener for wake-ups (EXECUTE on asyncexec.usp_AsyncExecListenerStart, migrations 0012 and later): ' +
             'this instance hears completions received by other instances only from its once-a-second poll',
         );
         await this.wakes.close();

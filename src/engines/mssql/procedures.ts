@@ -19,6 +19,7 @@ interface ProcedureRow {
   timeout_ms: number | null;
   /** JSON array. */
   roles: string;
+  transactional: boolean;
   position: number | null;
   parameter: string | null;
   type_text: string | null;
@@ -30,7 +31,7 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
   const request = pool.request();
   request.input('only', sql.NVarChar(261), only ?? null);
   const result = await request.query<ProcedureRow>(
-    `SELECT r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles,
+    `SELECT r.name, r.queue, r.max_attempts, r.timeout_ms, r.roles, r.transactional,
             p.position, p.name AS parameter, p.type_text, p.is_output, p.has_default
        FROM asyncexec.AsyncExecProcedures AS r
        LEFT JOIN asyncexec.AsyncExecParameters AS p ON p.[procedure] = r.name
@@ -48,8 +49,7 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
         maxAttempts: row.max_attempts,
         timeoutMs: row.timeout_ms,
         roles: JSON.parse(row.roles) as string[],
-        // every call runs inside the activation's transaction (the only mode so far)
-        transactional: true,
+        transactional: Boolean(row.transactional),
       };
       byName.set(row.name, procedure);
     }
@@ -66,7 +66,22 @@ export async function listProcedures(pool: sql.ConnectionPool, only?: string): P
   return [...byName.values()];
 }
 
+/**
+ * What SQL Server cannot offer of RegisterOptions, refused before the call (usp_AsyncExecRegister
+ * refuses it too, 50005): a timeoutMs, since a running call can only be stopped by KILL, which
+ * the activation may not run (docs/mssql.md, "Timeouts"); a transactional that is not a boolean.
+ */
+export function checkRegisterOptions(options: MssqlRegisterOptions): void {
+  if (options.timeoutMs !== undefined && options.timeoutMs !== null) {
+    throw new EngineError('BAD_USER_INPUT', 'timeoutMs is not supported on SQL Server: a running call can only be stopped by KILL (docs/mssql.md, "Timeouts")');
+  }
+  if (options.transactional !== undefined && typeof options.transactional !== 'boolean') {
+    throw new EngineError('BAD_USER_INPUT', `transactional must be true or false, not ${String(options.transactional)}`);
+  }
+}
+
 export async function registerProcedure(pool: sql.ConnectionPool, name: string, options: MssqlRegisterOptions = {}): Promise<Procedure> {
+  checkRegisterOptions(options);
   const roles = checkRoles(options.roles);
   const request = pool.request();
   request.input('procedure', sql.NVarChar(261), name);
@@ -75,6 +90,7 @@ export async function registerProcedure(pool: sql.ConnectionPool, name: string, 
   request.input('timeoutMs', sql.Int, options.timeoutMs ?? null);
   request.input('optionalParameters', sql.NVarChar(sql.MAX), options.optionalParameters ? JSON.stringify(options.optionalParameters) : null);
   request.input('roles', sql.NVarChar(sql.MAX), JSON.stringify(roles));
+  request.input('transactional', sql.Bit, options.transactional ?? true);
   let registered: string;
   try {
     const result = await request.execute<{ name: string }>('asyncexec.usp_AsyncExecRegister');
