@@ -28,7 +28,15 @@ BEGIN
         SET @object = OBJECT_ID(QUOTENAME(COALESCE(PARSENAME(@procedure, 2), N'dbo')) + N'.' + QUOTENAME(PARSENAME(@procedure, 1)), N'P');
     IF @object IS NULL
     BEGIN
-        SET @message = CONCAT(N'"', @procedure, N'" is not a T-SQL stored procedure in this database (write schema.procedure)');
+        -- a name without a schema means dbo.<name> here, whoever calls (not the caller's default
+        -- schema), so that a registration does not depend on who made it; T-SQL procedures have
+        -- no overloads, so a signature is never needed
+        SET @message = CONCAT(N'"', @procedure, N'" is not a T-SQL stored procedure in this database',
+                              CASE WHEN CHARINDEX(N'(', @procedure) > 0
+                                   THEN N': give its name only (schema.procedure): T-SQL procedures have no overloads, so no parameter list is needed'
+                                   WHEN PARSENAME(@procedure, 2) IS NULL
+                                   THEN N' (a name without a schema is looked up in dbo: write schema.procedure)'
+                                   ELSE N' (write schema.procedure)' END);
         THROW 50001, @message, 1;
     END;
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
