@@ -814,20 +814,23 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       await engine.configureQueue(queue, 4);
       const position = await engine.currentPosition();
       const mine = await submit([
-        { procedure: 'demo.sleep', arguments: { seconds: 1.5 }, queue, submittedBy: alice },
+        { procedure: 'demo.sleep', arguments: { seconds: 4 }, queue, submittedBy: alice },
         { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: alice },
       ]);
       const theirs = await submit([
-        { procedure: 'demo.sleep', arguments: { seconds: 1.5 }, queue, submittedBy: bob },
+        { procedure: 'demo.sleep', arguments: { seconds: 4 }, queue, submittedBy: bob },
         { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: alice.toUpperCase() },
         { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue, submittedBy: `${alice} ` },
       ]);
-      // only the two sleeps run a while: wait until nothing else is running (the adds end in milliseconds)
+      // only the two sleeps run a while: wait until the adds have ended and both sleeps run
       const sleeps = [mine[0].token, theirs[0].token].sort();
+      const adds = [mine[1].token, theirs[1].token, theirs[2].token];
       await waitFor(
-        async () => JSON.stringify((await engine.listRunning(queue, 100)).map((r) => r.execution.token).sort()) === JSON.stringify(sleeps),
+        async () =>
+          (await engine.getExecutions(adds)).every((e) => isTerminal(e.status)) &&
+          JSON.stringify((await engine.listRunning(queue, 100)).map((r) => r.execution.token).sort()) === JSON.stringify(sleeps),
         10_000,
-        'both sleeps, and only they, to run',
+        'the adds to end and both sleeps to run',
       );
       assert.deepEqual((await engine.listRunning(queue, 100, alice)).map((r) => r.execution.token), [mine[0].token]);
       assert.deepEqual((await engine.listRunning(null, 100, bob)).map((r) => r.execution.token), [theirs[0].token]);
