@@ -140,6 +140,7 @@ export class MssqlListener implements Closeable {
     } finally {
       this.pending = undefined;
     }
+    this.safely(() => this.options.sink.onHeartbeat?.());
     if (!this.closed && received) this.safely(() => this.options.sink.onChange());
   }
 
