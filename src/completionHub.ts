@@ -176,10 +176,19 @@ export class CompletionHub implements ListenerSink, Closeable {
 
   private dispatch(batch: FeedBatch): void {
     for (const change of batch.changes) {
+      if (isTerminal(change.execution.status)) this.logFinished(change.execution);
       this.watchers.get(change.execution.id)?.forEach((watch) => watch(change.execution));
     }
     this.observer.onChanges?.(batch.changes);
     for (const stream of this.streams) stream.receive(batch);
+  }
+
+  /** One line per execution's end, as this instance read it from the feed (grep its token). */
+  private logFinished(execution: Execution): void {
+    const { token, procedure, queue, status, attempts, error } = execution;
+    const fields = { token, procedure, queue, status, attempts, worker: execution.worker, batchId: execution.batchId ?? undefined };
+    if (error) this.logger.info({ ...fields, error: { number: error.number, message: error.message.slice(0, 500) } }, 'execution finished');
+    else this.logger.info(fields, 'execution finished');
   }
 
   async close(): Promise<void> {
