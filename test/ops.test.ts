@@ -69,13 +69,17 @@ describe('/metrics', () => {
     const before = await scrape();
     assert.ok(sample(before, 'asyncproc_process_cpu_user_seconds_total') > 0, 'default process metrics, prefixed');
 
+    const client = t.ws();
+    const events = collect(client.iterate({ query: `subscription { executionEvents(filter: { procedure: "demo.noop", status: [SUCCEEDED] }) { status } }` }), 1);
+    await waitFor(async () => t.app.hub!.size === 1, 5000, 'the event stream open');
+    await invoke({ procedure: 'demo.noop' });
+    assert.equal((await events).length, 1);
     const added = await Promise.all([1, 2, 3].map((a) => invoke({ procedure: 'demo.add', arguments: { a, b: 1 } })));
     const failed = await Promise.all([1, 2].map(() => invoke({ procedure: 'demo.fail', arguments: { message: 'no' }, maxAttempts: 1 })));
     const later = await invoke({ procedure: 'demo.add', arguments: { a: 0, b: 0 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
     await waitFor(async () => (await db.engine.getExecutions([...added, ...failed])).every((e) => ['SUCCEEDED', 'FAILED'].includes(e.status)), 30_000, 'calls done');
 
     // one subscriber on the call that waits, one that gets its completion at once
-    const client = t.ws();
     const pending = client.iterate({ query: `subscription { executionCompleted(token: "${later}") { status } }` });
     void pending.next();
     const done = await collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: added[0] } }));
@@ -95,13 +99,13 @@ describe('/metrics', () => {
     assert.equal(diff(now, 'asyncproc_executions_finished_total', { procedure: 'demo.fail', status: 'FAILED' }), 2);
     assert.equal(diff(now, 'asyncproc_execution_run_seconds_count', { procedure: 'demo.add' }), 3);
     assert.equal(diff(now, 'asyncproc_execution_run_seconds_count', { procedure: 'demo.fail' }), 2);
-    assert.equal(diff(now, 'asyncproc_execution_wait_seconds_count', { queue: 'default' }), 5);
+    assert.equal(diff(now, 'asyncproc_execution_wait_seconds_count', { queue: 'default' }), 6);
     assert.ok(diff(now, 'asyncproc_execution_run_seconds_sum', { procedure: 'demo.add' }) >= 0);
     assert.equal(sample(now, 'asyncproc_queue_executions', { queue: 'default', status: 'running' }), 0);
     assert.ok(sample(now, 'asyncproc_queue_concurrency', { queue: 'default' }) >= 1);
-    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'mutation', name: 'Submit' }), 6);
-    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'subscription', name: 'anonymous' }), 2);
-    assert.equal(diff(now, 'asyncproc_events_delivered_total'), 1);
+    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'mutation', name: 'Submit' }), 7);
+    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'subscription', name: 'anonymous' }), 3);
+    assert.equal(diff(now, 'asyncproc_events_delivered_total'), 2, 'one event, one completion');
     assert.equal(sample(now, 'asyncproc_subscriptions'), 1);
     assert.equal(sample(now, 'asyncproc_websocket_connections'), 1);
     assert.ok(sample(now, 'asyncproc_listener_lag_seconds') < 15, 'the listener heard from the database within its heartbeat');
