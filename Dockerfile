@@ -22,6 +22,7 @@ COPY sql ./sql
 COPY schema ./schema
 USER node
 EXPOSE 4000
+# /ready, not /health: unhealthy while the database, its schema or the listener is missing (README "Operations")
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
-  CMD node -e "fetch('http://127.0.0.1:' + (process.env.PORT || 4000) + '/health').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
+  CMD node -e "fetch('http://127.0.0.1:' + (process.env.PORT || 4000) + '/ready').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"
 CMD ["node", "dist/cli.js", "serve"]

@@ -119,6 +119,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       authRequired: auth.required,
       rateLimit: rate > 0 ? new RateLimiter(rate, config.ASYNCPROC_RATE_BURST ?? Math.max(10, Math.ceil(rate * 3))) : null,
       maxConnectionsPerCaller: config.ASYNCPROC_MAX_CONNECTIONS_PER_CALLER,
+      metrics: config.ASYNCPROC_METRICS,
     }).catch((error: unknown) => {
       throw listenFailure(error, config.PORT, config.HOST);
     });

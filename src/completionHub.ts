@@ -60,6 +60,18 @@ const FEED_PAGE = 1000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/** What the hub tells an observer (the service's metrics). Called on the feed's path: keep each call cheap. */
+export interface HubObserver {
+  /** Asked on each read: read every change even with no subscriber (metrics were scraped lately). */
+  wantsChanges?(): boolean;
+  /** Changes this hub read from the feed, each once. */
+  onChanges?(changes: readonly Change[]): void;
+  /** Values handed to subscriptions (events and completions). */
+  onDelivered?(count: number): void;
+  /** The listener reported an error; it reconnects by itself. */
+  onListenerError?(): void;
+}
+
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
@@ -85,6 +97,11 @@ export class CompletionHub implements ListenerSink, Closeable {
   private poller: NodeJS.Timeout | null = null;
   private closed = false;
   private failures = 0;
+  private observer: HubObserver = {};
+  /** Date.now() when the listener last heard from the database (null: not yet). */
+  heardAt: number | null = null;
+  /** Date.now() when the feed was last read, or its position last moved, successfully (null: not yet). */
+  feedReadAt: number | null = null;
 
   constructor(
     private readonly engine: Engine,
@@ -109,10 +126,20 @@ export class CompletionHub implements ListenerSink, Closeable {
 
   onError(error: Error): void {
     this.logger.warn({ err: error }, 'listener error');
+    this.observer.onListenerError?.();
+  }
+
+  onHeartbeat(): void {
+    this.heardAt = Date.now();
+  }
+
+  /** Tell `observer` what the hub reads and hands out (one observer: the last given). */
+  observe(observer: HubObserver): void {
+    this.observer = observer;
   }
 
   private get interested(): boolean {
-    return this.streams.size > 0 || this.watchers.size > 0;
+    return this.streams.size > 0 || this.watchers.size > 0 || (this.observer.wantsChanges?.() ?? false);
   }
 
   /** Read what changed since the position, hand it out, move the position; again while asked. */
@@ -125,6 +152,7 @@ export class CompletionHub implements ListenerSink, Closeable {
           const epoch = this.epoch;
           const now = await this.engine.currentPosition();
           if (epoch === this.epoch && !this.interested) this.position = union(this.position!, now);
+          this.feedReadAt = Date.now();
           continue;
         }
         const since = this.position!;
@@ -134,6 +162,7 @@ export class CompletionHub implements ListenerSink, Closeable {
           upper = batch.upper;
         }
         this.position = union(since, upper);
+        this.feedReadAt = Date.now();
         this.failures = 0;
       } catch (error) {
         // the position did not move: the next read (poll or notification) finds it all again
@@ -147,9 +176,19 @@ export class CompletionHub implements ListenerSink, Closeable {
 
   private dispatch(batch: FeedBatch): void {
     for (const change of batch.changes) {
+      if (isTerminal(change.execution.status)) this.logFinished(change.execution);
       this.watchers.get(change.execution.id)?.forEach((watch) => watch(change.execution));
     }
+    this.observer.onChanges?.(batch.changes);
     for (const stream of this.streams) stream.receive(batch);
+  }
+
+  /** One line per execution's end, as this instance read it from the feed (grep its token). */
+  private logFinished(execution: Execution): void {
+    const { token, procedure, queue, status, attempts, error } = execution;
+    const fields = { token, procedure, queue, status, attempts, worker: execution.worker, batchId: execution.batchId ?? undefined };
+    if (error) this.logger.info({ ...fields, error: { number: error.number, message: error.message.slice(0, 500) } }, 'execution finished');
+    else this.logger.info(fields, 'execution finished');
   }
 
   async close(): Promise<void> {
@@ -219,6 +258,7 @@ export class CompletionHub implements ListenerSink, Closeable {
       const finish = (value: T | null) => {
         if (finished || value === null || !ended(value)) return;
         finished = true;
+        this.observer.onDelivered?.(1);
         void push(value).then(() => stop());
       };
       let reading: Promise<void> | null = null;
@@ -298,6 +338,7 @@ export class CompletionHub implements ListenerSink, Closeable {
             status: change.execution.status,
             execution: change.execution,
           });
+          this.observer.onDelivered?.(1);
         }
         covered = extend(start, upper, through);
       };

@@ -79,6 +79,8 @@ const schema = z.object({
   ASYNCPROC_INTROSPECTION: flag.optional(),
   /** "Did you mean …?" in error messages. Default: on unless authentication is required. */
   ASYNCPROC_SUGGESTIONS: flag.optional(),
+  /** Prometheus metrics at /metrics. */
+  ASYNCPROC_METRICS: flag.default(true),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 

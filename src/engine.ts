@@ -325,6 +325,16 @@ export interface ListenerSink {
   /** A change was heard (or may have been missed, after a reconnect): read the change feed. */
   onChange(): void;
   onError(error: Error): void;
+  /** The listener heard from the database just now (connected, or a round trip of its own succeeded): readiness and lag. */
+  onHeartbeat?(): void;
+}
+
+/** Where the database's schema stands against the migrations this service carries. */
+export interface SchemaVersion {
+  /** The highest migration recorded in the database (null: none, the schema is missing). */
+  applied: number | null;
+  /** The highest migration among the service's files. */
+  expected: number;
 }
 
 export interface Closeable {
@@ -378,6 +388,8 @@ export interface Engine<Tx = unknown> {
   readonly kind: 'postgres' | 'mssql';
   /** Apply pending migrations (idempotent, safe when two processes start at once). */
   migrate(): Promise<void>;
+  /** One cheap round trip (readiness): the schema version recorded in the database against the files'. */
+  schemaVersion(): Promise<SchemaVersion>;
   /** Install and register the demo procedures (`demo.sleep`, `demo.fail`, `demo.add`, `demo.record`). */
   installDemo(): Promise<void>;
   /** Run `fn` in a new transaction: commit when it resolves, roll back when it throws. */

@@ -18,6 +18,8 @@ import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
+import { ServiceMetrics } from './metrics.js';
+import { Readiness, useReadiness, type ReadinessOptions } from './readiness.js';
 import { schema, type Context, type Limits } from './schema/index.js';
 import { createLoaders } from './schema/loaders.js';
 
@@ -48,6 +50,10 @@ export interface ServerOptions {
   operationLimits?: Partial<OperationLimits>;
   /** Subscriptions one graphql-ws connection may hold. @default 100 */
   maxSubscriptionsPerConnection?: number;
+  /** Prometheus metrics at /metrics. @default true */
+  metrics?: boolean;
+  /** Thresholds of /ready. */
+  readiness?: Pick<ReadinessOptions, 'timeoutMs' | 'listenerStaleMs' | 'cacheMs'>;
 }
 
 export interface RunningServer {
@@ -74,7 +80,8 @@ function headerOf(req: IncomingMessage | undefined, name: string): string | null
   return typeof value === 'string' ? value : null;
 }
 
-export function createYogaApp(options: ServerOptions) {
+/** `metrics`: the service's metrics, served and fed by the app (none: /metrics is not served). */
+export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) {
   const { engine, hub, limits, logger, auth } = options;
   const open = !options.authRequired;
   const suggestions = options.suggestions ?? open;
@@ -103,7 +110,7 @@ export function createYogaApp(options: ServerOptions) {
           throw error instanceof AuthenticationError ? unauthenticated(error) : error;
         }
       }
-      return { engine, hub, limits, principal, loaders: createLoaders(engine) };
+      return { engine, hub, limits, principal, loaders: createLoaders(engine), logger };
     },
     maskedErrors: {
       // never in development mode: stack and SQL text stay in the server's log
@@ -124,6 +131,8 @@ export function createYogaApp(options: ServerOptions) {
       },
     },
     plugins: [
+      useReadiness(new Readiness({ engine, hub, logger, ...options.readiness })),
+      ...(metrics ? [metrics.plugin()] : []),
       useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
       // GraphiQL's own files: plain GETs from the page, served before the checks GraphQL requests get
       useGraphiQLAssets(graphiql),
@@ -138,7 +147,8 @@ export function createYogaApp(options: ServerOptions) {
 
 /** The HTTP server: queries, mutations and SSE subscriptions on /graphql, graphql-ws on the same port and path. */
 export async function startServer(options: ServerOptions & { port: number; host?: string }): Promise<RunningServer> {
-  const yoga = createYogaApp(options);
+  const metrics = options.metrics === false ? undefined : new ServiceMetrics({ engine: options.engine, hub: options.hub, logger: options.logger });
+  const yoga = createYogaApp(options, metrics);
   const server = createHttpServer(yoga);
   // listen before the WebSocket server attaches: it would report a busy port as its own "internal error"
   await new Promise<void>((resolve, reject) => {
@@ -154,6 +164,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
     maxPayload: options.maxBodyBytes ?? 1024 * 1024,
     WebSocket: socketClass(options.logger),
   });
+  metrics?.countWebSockets(() => wss.clients.size);
   const { auth } = options;
   const maxConnections = options.maxConnectionsPerCaller ?? 20;
   /** Open graphql-ws connections by caller (auth required only: anonymous callers are one). */

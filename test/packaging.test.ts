@@ -21,10 +21,11 @@ describe('Dockerfile', () => {
     for (const stage of stages) assert.ok(Number(/node:(\d+)/.exec(stage)![1]) >= min, stage);
   });
 
-  it('installs production dependencies only, runs as non-root, has a health check and needs DATABASE_URL', () => {
+  it('installs production dependencies only, runs as non-root, checks readiness and needs DATABASE_URL', () => {
     assert.match(final, /npm ci --omit=dev/);
     assert.match(final, /^USER\s+(?!root\b)\S+/m);
-    assert.match(final, /^HEALTHCHECK [^]*?\/health/m);
+    // /ready, not /health (200 whatever happens): Docker sees a service without its database as unhealthy
+    assert.match(final, /^HEALTHCHECK [^\n]*\\\n\s*CMD [^\n]*\/ready'/m);
     assert.match(final, /ASYNCPROC_EMBEDDED=false/);
     assert.throws(() => loadConfig({ ASYNCPROC_EMBEDDED: 'false' }), /DATABASE_URL/);
   });
@@ -49,6 +50,8 @@ describe('docker-compose.yml', () => {
     assert.match(text, /image:\s*mcr\.microsoft\.com\/mssql\/server:2022/);
     assert.match(text, /healthcheck:/);
     assert.match(text, /build:\s*\./);
+    const service = text.slice(text.indexOf('\n  asyncproc:'));
+    assert.match(service, /healthcheck:\s*\n[^]*?test:[^\n]*\/ready'/, 'the service is healthy when ready');
     assert.match(text, /ENABLE_BROKER/);
   });
   it("gives the service a configuration it accepts", () => {

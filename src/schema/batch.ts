@@ -4,7 +4,7 @@ import { BATCH_STATUSES, EngineError, type Batch, type BatchStage, type Engine, 
 import { builder } from './builder.js';
 import { checkToken, guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
-import { InvokeInput, checkCallCount, toCall } from './invoke.js';
+import { InvokeInput, checkCallCount, logSubmitted, toCall } from './invoke.js';
 
 const BatchStatusEnum = builder.enumType('BatchStatus', {
   description: 'RUNNING until every execution has ended; then FAILED if any failed, else CANCELLED if any was cancelled, else SUCCEEDED.',
@@ -103,11 +103,13 @@ builder.mutationFields((t) => ({
     description:
       'Every call of the batch not yet started is cancelled (it never starts); running ones are cancelled as cancelExecution does. An ended batch: ALREADY_FINISHED.',
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_root, { id }, { engine, principal }) =>
+    resolve: (_root, { id }, { engine, principal, logger }) =>
       guard(async () => {
         const batchId = checkToken(String(id), 'batch id');
         if (!(await visibleBatch(engine, principal, batchId))) throw new EngineError('NOT_FOUND', `no batch with id ${batchId}`);
-        return { batch: await engine.cancelBatch(batchId) };
+        const batch = await engine.cancelBatch(batchId);
+        logger.info({ batchId, status: batch.status, by: principal.subject }, 'batch cancelled');
+        return { batch };
       }),
   }),
   submitBatch: t.field({
@@ -119,6 +121,14 @@ builder.mutationFields((t) => ({
         checkCallCount(input.stages.reduce((n, stage) => n + stage.length, 0), context);
         const stages = input.stages.map((stage) => stage.map((call) => toCall(call, context)));
         const batch = await context.engine.submitBatch(stages, { onFailure: input.onFailure ?? 'CANCEL', submittedBy: context.principal.subject });
+        context.logger.info({ batchId: batch.id, stages: batch.stageCount, by: context.principal.subject }, 'batch submitted');
+        // each member's own line (its token), read after the answer rather than before it
+        if (context.logger.isLevelEnabled('info')) {
+          void context.engine.getBatchExecutions(batch.id).then(
+            (executions) => logSubmitted(executions, context),
+            (error) => context.logger.debug({ err: error, batchId: batch.id }, 'could not read the batch for its log lines'),
+          );
+        }
         return { batch };
       }),
   }),

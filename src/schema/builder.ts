@@ -4,6 +4,7 @@ import { DateTimeResolver, JSONResolver } from 'graphql-scalars';
 import type { Principal } from '../auth/principal.js';
 import type { CompletionHub } from '../completionHub.js';
 import type { Engine } from '../engine.js';
+import type { Logger } from '../logger.js';
 import type { Loaders } from './loaders.js';
 
 export interface Limits {
@@ -21,6 +22,8 @@ export interface Context {
   principal: Principal;
   /** Per-request batching of the reads resolvers make per row. */
   loaders: Loaders;
+  /** Lines about one execution carry its token and procedure (grep a token for its story). */
+  logger: Logger;
 }
 
 export const builder = new SchemaBuilder<{

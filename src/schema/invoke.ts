@@ -60,15 +60,25 @@ export async function submitAll(inputs: readonly InvokeInputShape[], context: Co
   checkCallCount(inputs.length, context);
   const calls = inputs.map((input) => toCall(input, context));
   const { engine } = context;
-  if (engine.submit) return guard(() => engine.submit!(calls));
-  return guard(() =>
-    engine.withTransaction(async (tx) => {
-      const executions: Execution[] = [];
-      // one request at a time on a transaction (required by both drivers)
-      for (const call of calls) executions.push(await engine.invoke(tx, call));
-      return executions;
-    }),
-  );
+  const executions = await (engine.submit
+    ? guard(() => engine.submit!(calls))
+    : guard(() =>
+        engine.withTransaction(async (tx) => {
+          const executions: Execution[] = [];
+          // one request at a time on a transaction (required by both drivers)
+          for (const call of calls) executions.push(await engine.invoke(tx, call));
+          return executions;
+        }),
+      ));
+  logSubmitted(executions, context);
+  return executions;
+}
+
+/** One line per submitted execution, after the commit. */
+export function logSubmitted(executions: readonly Execution[], context: Context): void {
+  for (const { token, procedure, queue, status, batchId, stage, runAt } of executions) {
+    context.logger.info({ token, procedure, queue, status, runAt, batchId, stage, by: context.principal.subject }, 'execution submitted');
+  }
 }
 
 const InvokePayload = builder.objectRef<{ execution: Execution }>('InvokePayload').implement({
@@ -100,13 +110,15 @@ builder.mutationFields((t) => ({
     description:
       'WAITING/PENDING: cancelled, it never starts. RUNNING: its statement is cancelled in the database and its writes roll back. Finished: ALREADY_FINISHED.',
     args: { token: t.arg.id({ required: true }) },
-    resolve: (_root, { token }, { engine, principal }) =>
+    resolve: (_root, { token }, { engine, principal, logger }) =>
       guard(async () => {
         const id = checkToken(String(token));
         const execution = await engine.getExecution(id);
         // another caller's execution is refused as an unknown one is: its existence does not leak
         if (!execution || !owns(principal, execution.submittedBy)) throw new EngineError('NOT_FOUND', `no execution with token ${id}`);
-        return { execution: await engine.cancelExecution(id) };
+        const cancelled = await engine.cancelExecution(id);
+        logger.info({ token: id, procedure: cancelled.procedure, status: cancelled.status, by: principal.subject }, 'execution cancelled');
+        return { execution: cancelled };
       }),
   }),
 }));

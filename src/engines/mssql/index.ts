@@ -19,10 +19,12 @@ import {
   type Procedure,
   type QueueInfo,
   type RunningExecution,
+  type SchemaVersion,
   type SubmitBatchOptions,
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
+import { highestMigration } from '../migrationFiles.js';
 import { silentLogger } from '../../logger.js';
 import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { cancelBatch } from './cancelBatch.js';
@@ -110,6 +112,15 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     // an ALTER drops a module signature (docs/mssql.md, "Security context of the calls")
     if (procedures.length) this.logger.info({ procedures }, 'applied SQL Server procedure files (sign again any you had signed)');
     await this.check();
+  }
+
+  /** One round trip; the table is looked for first (a restored or emptied database may lack it). */
+  async schemaVersion(): Promise<SchemaVersion> {
+    const { recordset } = await this.pool.request().query<{ version: number | null }>(
+      `IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL BEGIN SELECT CAST(NULL AS int) AS version; END
+       ELSE BEGIN SELECT MAX(version) AS version FROM asyncexec.AsyncExecSchemaVersions; END;`,
+    );
+    return { applied: recordset[0]?.version ?? null, expected: await highestMigration(this.options.sqlDir ?? MSSQL_SQL_DIR) };
   }
 
   /** Start-up checks; each failure names its fix. */

@@ -417,6 +417,8 @@ export class MssqlListener implements Closeable {
       {
         receive: async () => {
           const result = await request().batch(receiveBatch(this.waitMs, this.batchSize));
+          // a round trip that came back: the database is heard (readiness, listener lag)
+          this.safely(() => sink.onHeartbeat?.());
           const sets = result.recordsets as unknown as [unknown[], EndFailure[], { received: number }[]];
           return { received: sets[2]?.[0]?.received ?? 0, failures: sets[1] ?? [] };
         },

@@ -24,7 +24,7 @@ import { countExecutions, currentPosition, getExecutions, listExecutions, readCh
 import { invoke, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
-import { installDemo, migrate } from './migrator.js';
+import { installDemo, migrate, schemaVersion } from './migrator.js';
 import { listProcedures, registerProcedure, unregisterProcedure } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { configureQueue, listQueues, listRunning } from './queues.js';
@@ -80,6 +80,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     await this.check();
     const applied = await migrate(this.pool);
     if (applied.length) this.logger.info({ applied }, 'applied PostgreSQL migrations');
+  }
+
+  schemaVersion() {
+    return schemaVersion(this.pool);
   }
 
   /** Start-up checks; each failure names its fix. */

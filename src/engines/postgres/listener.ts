@@ -74,6 +74,7 @@ export class PostgresListener implements Closeable {
     }
     this.client = client;
     this.backoff = 100;
+    this.options.sink.onHeartbeat?.();
     this.startHeartbeat(client, onLost);
     // whatever changed while we were deaf is in the feed
     if (isReconnect) this.options.sink.onChange();
@@ -106,7 +107,10 @@ export class PostgresListener implements Closeable {
     this.heartbeat = setInterval(() => {
       const timeout = setTimeout(() => onLost(new Error('listener heartbeat timed out')), every);
       client.query('select 1').then(
-        () => clearTimeout(timeout),
+        () => {
+          clearTimeout(timeout);
+          this.options.sink.onHeartbeat?.();
+        },
         (error) => {
           clearTimeout(timeout);
           onLost(toError(error));

@@ -3,6 +3,8 @@ import { readdir, readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
+import type { SchemaVersion } from '../../engine.js';
+import { highestMigration } from '../migrationFiles.js';
 
 export const POSTGRES_SQL_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../sql/postgres');
 
@@ -127,4 +129,17 @@ async function applyVersions(client: pg.PoolClient, dir: string): Promise<number
 export async function installDemo(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<void> {
   const text = await readFile(path.join(dir, 'demo.sql'), 'utf8');
   await withMigrationLock(pool, (client) => inTransaction(client, () => client.query(text)));
+}
+
+/** The highest migration recorded in asyncproc.migrations (null: no such table) and the highest of the files in `dir`. */
+export async function schemaVersion(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<SchemaVersion> {
+  const expected = highestMigration(dir);
+  try {
+    const { rows } = await pool.query<{ version: number | null }>('select max(version) as version from asyncproc.migrations');
+    return { applied: rows[0]?.version ?? null, expected: await expected };
+  } catch (error) {
+    // undefined_table, invalid_schema_name: reachable, but the schema is not there
+    if (['42P01', '3F000'].includes((error as { code?: string }).code ?? '')) return { applied: null, expected: await expected };
+    throw error;
+  }
 }

@@ -1,0 +1,228 @@
+/**
+ * What an operator sees: /ready says when the service cannot work (database gone, schema
+ * behind, listener deaf), /metrics moves with the work done, and the log lines of one
+ * execution carry its token and procedure.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import pino from 'pino';
+import { CompletionHub } from '../src/completionHub.js';
+import type { Closeable } from '../src/engine.js';
+import { silentLogger } from '../src/logger.js';
+import { Readiness } from '../src/readiness.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+import { startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
+
+let db: DemoDatabase;
+let t: TestApp;
+/** Every line the service logged, parsed. */
+const logged: Record<string, any>[] = [];
+
+before(async () => {
+  db = await startDemoDatabase();
+  const logger = pino({ level: 'info' }, { write: (line: string) => void logged.push(JSON.parse(line)) });
+  t = await startTestApp(db.url, {}, logger);
+});
+after(async () => {
+  await t?.stop();
+  await db?.sql.end();
+  await db?.engine.close();
+  await db?.cluster.stop();
+});
+
+const base = () => t.url.replace(/\/graphql$/, '');
+
+async function scrape(): Promise<string> {
+  const response = await fetch(`${base()}/metrics`);
+  assert.equal(response.status, 200);
+  assert.match(response.headers.get('content-type') ?? '', /^text\/plain; version=0\.0\.4/);
+  return response.text();
+}
+
+/** The value of one sample of a scrape (0 when the series is not there yet). */
+function sample(text: string, name: string, labels: Record<string, string> = {}): number {
+  const wanted = Object.entries(labels).map(([key, value]) => `${key}="${value}"`);
+  for (const line of text.split('\n')) {
+    const match = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
+    if (!match || match[1] !== name) continue;
+    const have = match[2] ? match[2].split(/,(?=[a-zA-Z_]\w*=")/) : [];
+    if (wanted.length === have.length && wanted.every((pair) => have.includes(pair))) return Number(match[3]);
+  }
+  return 0;
+}
+
+const INVOKE = `mutation Submit($input: InvokeInput!) { invoke(input: $input) { execution { token } } }`;
+
+async function invoke(input: Record<string, unknown>): Promise<string> {
+  const { body } = await t.gql(INVOKE, { input });
+  assert.ok(body.data, JSON.stringify(body.errors));
+  return body.data.invoke.execution.token;
+}
+
+async function ready(url = base()): Promise<{ status: number; body: any }> {
+  const response = await fetch(`${url}/ready`);
+  return { status: response.status, body: await response.json() };
+}
+
+describe('/metrics', () => {
+  it('moves with the calls that ran: counters, histograms, queue gauges, subscribers, reconnects', async () => {
+    const before = await scrape();
+    assert.ok(sample(before, 'asyncproc_process_cpu_user_seconds_total') > 0, 'default process metrics, prefixed');
+
+    const client = t.ws();
+    const events = collect(client.iterate({ query: `subscription { executionEvents(filter: { procedure: "demo.noop", status: [SUCCEEDED] }) { status } }` }), 1);
+    await waitFor(async () => t.app.hub!.size === 1, 5000, 'the event stream open');
+    await invoke({ procedure: 'demo.noop' });
+    assert.equal((await events).length, 1);
+    const added = await Promise.all([1, 2, 3].map((a) => invoke({ procedure: 'demo.add', arguments: { a, b: 1 } })));
+    const failed = await Promise.all([1, 2].map(() => invoke({ procedure: 'demo.fail', arguments: { message: 'no' }, maxAttempts: 1 })));
+    const later = await invoke({ procedure: 'demo.add', arguments: { a: 0, b: 0 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
+    await waitFor(async () => (await db.engine.getExecutions([...added, ...failed])).every((e) => ['SUCCEEDED', 'FAILED'].includes(e.status)), 30_000, 'calls done');
+
+    // one subscriber on the call that waits, one that gets its completion at once
+    const pending = client.iterate({ query: `subscription { executionCompleted(token: "${later}") { status } }` });
+    void pending.next();
+    const done = await collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: added[0] } }));
+    assert.equal(done.length, 1);
+    await waitFor(async () => t.app.hub!.size === 1, 5000, 'the waiting subscription open');
+
+    const diff = (text: string, name: string, labels?: Record<string, string>) => sample(text, name, labels) - sample(before, name, labels);
+    const now = await waitFor(
+      async () => {
+        const text = await scrape();
+        const counted = diff(text, 'asyncproc_executions_finished_total', { procedure: 'demo.add', status: 'SUCCEEDED' }) === 3;
+        return counted && sample(text, 'asyncproc_queue_executions', { queue: 'default', status: 'waiting' }) === 1 ? text : null;
+      },
+      20_000,
+      'the completions counted and the waiting call in the queue gauge',
+    );
+    assert.equal(diff(now, 'asyncproc_executions_finished_total', { procedure: 'demo.fail', status: 'FAILED' }), 2);
+    assert.equal(diff(now, 'asyncproc_execution_run_seconds_count', { procedure: 'demo.add' }), 3);
+    assert.equal(diff(now, 'asyncproc_execution_run_seconds_count', { procedure: 'demo.fail' }), 2);
+    assert.equal(diff(now, 'asyncproc_execution_wait_seconds_count', { queue: 'default' }), 6);
+    assert.ok(diff(now, 'asyncproc_execution_run_seconds_sum', { procedure: 'demo.add' }) >= 0);
+    assert.equal(sample(now, 'asyncproc_queue_executions', { queue: 'default', status: 'running' }), 0);
+    assert.ok(sample(now, 'asyncproc_queue_concurrency', { queue: 'default' }) >= 1);
+    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'mutation', name: 'Submit' }), 7);
+    assert.equal(diff(now, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'subscription', name: 'anonymous' }), 3);
+    assert.equal(diff(now, 'asyncproc_events_delivered_total'), 2, 'one event, one completion');
+    assert.equal(sample(now, 'asyncproc_subscriptions'), 1);
+    assert.equal(sample(now, 'asyncproc_websocket_connections'), 1);
+    assert.ok(sample(now, 'asyncproc_listener_lag_seconds') < 15, 'the listener heard from the database within its heartbeat');
+    assert.ok(sample(now, 'asyncproc_feed_lag_seconds') < 5, 'the hub read the feed lately');
+    await pending.return?.();
+
+    // the listener's connection cut: counted, and it hears again
+    const cut = await db.sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = current_database() and application_name = 'asyncproc listener'`);
+    assert.equal(cut.rowCount, 1);
+    await waitFor(async () => diff(await scrape(), 'asyncproc_listener_reconnects_total') === 1, 10_000, 'the reconnect counted');
+  });
+
+  it('keeps operation names to a bounded set of labels', async () => {
+    for (let i = 0; i < 120; i++) await t.gql(`query Probe${i} { __typename }`);
+    const text = await scrape();
+    const names = new Set([...text.matchAll(/^asyncproc_graphql_operation_duration_seconds_count\{[^}]*name="([^"]*)"/gm)].map((m) => m[1]));
+    assert.ok(names.has('other') && names.size <= 101, `${names.size} names: the first 100 and "other"`);
+    assert.ok(sample(text, 'asyncproc_graphql_operation_duration_seconds_count', { type: 'query', name: 'other' }) > 0);
+  });
+
+  it('is not served with ASYNCPROC_METRICS=false', async () => {
+    const off = await startTestApp(db.url, { ASYNCPROC_METRICS: 'false' });
+    try {
+      const response = await fetch(off.url.replace(/\/graphql$/, '/metrics'));
+      assert.equal(response.status, 404);
+      await response.body?.cancel();
+    } finally {
+      await off.stop();
+    }
+  });
+});
+
+describe('/ready', () => {
+  it('is 200 when database, schema and listener are there; /health stays 200', async () => {
+    const { status, body } = await ready();
+    assert.equal(status, 200, JSON.stringify(body));
+    assert.equal(body.status, 'ready');
+    assert.deepEqual(body.failed, []);
+    assert.equal(body.checks.migrations.applied, body.checks.migrations.expected);
+    assert.equal((await fetch(`${base()}/health`)).status, 200);
+  });
+
+  it('is 503 naming "migrations" while the database is behind the service (say, restored from an older backup)', async () => {
+    const { rows } = await db.sql.query<{ version: number; name: string }>('delete from asyncproc.migrations where version = (select max(version) from asyncproc.migrations) returning version, name');
+    try {
+      const { body } = await waitFor(async () => {
+        const answer = await ready();
+        return answer.status === 503 ? answer : null;
+      }, 5000, '503');
+      assert.deepEqual(body.failed, ['migrations']);
+      assert.equal(body.checks.migrations.applied, rows[0].version - 1);
+    } finally {
+      await db.sql.query('insert into asyncproc.migrations (version, name) values ($1, $2)', [rows[0].version, rows[0].name]);
+    }
+    await waitFor(async () => (await ready()).status === 200, 5000, 'ready again');
+  });
+
+  it('is 503 naming "database" while the database is down, and 200 again when it is back', async () => {
+    const other = await startDemoDatabase();
+    await other.sql.end();
+    await other.engine.close();
+    const app = await startTestApp(other.url);
+    const url = app.url.replace(/\/graphql$/, '');
+    try {
+      assert.equal((await ready(url)).status, 200);
+      await other.cluster.server.stop();
+      const down = await waitFor(async () => {
+        const answer = await ready(url);
+        return answer.status === 503 ? answer : null;
+      }, 10_000, '503');
+      assert.ok(down.body.failed.includes('database'), JSON.stringify(down.body));
+      assert.equal(down.body.status, 'unready');
+      assert.equal((await fetch(`${url}/health`)).status, 200, 'liveness is not readiness');
+      await other.cluster.server.start();
+      await waitFor(async () => (await ready(url)).status === 200, 30_000, 'ready again');
+    } finally {
+      await app.stop();
+      await other.cluster.stop();
+    }
+  });
+
+  it('fails "listener" until the listener has heard from the database, and again once it has been silent too long', async () => {
+    const hub = new CompletionHub(db.engine, silentLogger);
+    const readiness = new Readiness({ engine: db.engine, hub, logger: silentLogger, cacheMs: 0, listenerStaleMs: 1000 });
+    assert.deepEqual((await readiness.check()).failed, ['listener']);
+    const listener: Closeable = await db.engine.startListener(hub);
+    try {
+      assert.deepEqual((await readiness.check()).failed, [], 'heard on connect');
+      // the PostgreSQL listener probes every 10 s: silent for longer than the 1 s allowed here
+      await waitFor(async () => (await readiness.check()).failed.includes('listener'), 5000, 'listener stale');
+    } finally {
+      await listener.close();
+    }
+  });
+});
+
+describe('log lines of one execution', () => {
+  it('carry its token and procedure: submitted, finished (as the hub read it), cancelled', async () => {
+    await scrape(); // the hub reads every change while metrics are scraped
+    const token = await invoke({ procedure: 'demo.add', arguments: { a: 40, b: 2 } });
+    const story = () => logged.filter((line) => line.token === token);
+    await waitFor(async () => story().some((line) => line.msg === 'execution finished'), 20_000, 'the finish logged');
+    const lines = story();
+    assert.deepEqual(lines.map((line) => line.msg), ['execution submitted', 'execution finished']);
+    assert.ok(lines.every((line) => line.procedure === 'demo.add'));
+    assert.equal(lines[1].status, 'SUCCEEDED');
+
+    const failing = await invoke({ procedure: 'demo.fail', arguments: { message: 'kaput' }, maxAttempts: 1 });
+    await waitFor(async () => logged.some((line) => line.token === failing && line.msg === 'execution finished'), 20_000, 'the failure logged');
+    const failure = logged.find((line) => line.token === failing && line.msg === 'execution finished')!;
+    assert.equal(failure.status, 'FAILED');
+    assert.match(failure.error.message, /kaput/);
+
+    const later = await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
+    const { body } = await t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: later });
+    assert.equal(body.data.cancelExecution.execution.status, 'CANCELLED');
+    const cancelled = logged.find((line) => line.token === later && line.msg === 'execution cancelled');
+    assert.equal(cancelled?.procedure, 'demo.add');
+  });
+});
