@@ -5,6 +5,8 @@
  *   invoke rate   GraphQL `invoke` mutations/s from 10 concurrent HTTP clients
  *   drain rate    20,000 queued no-op calls run at concurrency 10
  *   latency       mutation response → executionCompleted at a graphql-ws subscriber, 500 sequential calls
+ *
+ * BENCH_SOAK=<seconds> runs bench/soak.ts instead: a steady load, memory and database size every minute.
  */
 import { mkdtemp, rm, chmod } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -177,6 +179,11 @@ async function benchService(url: string) {
 }
 
 async function main() {
+  if (process.env.BENCH_SOAK) {
+    // a long steady load instead of the rates (bench/soak.ts): not part of the usual run
+    const { soak } = await import('./soak.js');
+    return soak();
+  }
   const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-bench-'));
   await chmod(dir, 0o755);
   const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
