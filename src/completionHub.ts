@@ -13,6 +13,7 @@ import {
   type Execution,
   type ExecutionEvent,
   type ExecutionFilter,
+  type ExecutionProgress,
   type ListenerSink,
 } from './engine.js';
 import type { Logger } from './logger.js';
@@ -60,6 +61,30 @@ const FEED_PAGE = 1000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+/**
+ * `read` as a trigger that runs it one at a time: a trigger while it runs makes it run once
+ * more afterwards (not once per trigger), until `done`; the promise settles when it is quiet.
+ */
+function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (error: unknown) => void): () => Promise<void> {
+  let reading: Promise<void> | null = null;
+  let again = false;
+  return () => {
+    if (reading) {
+      again = true;
+      return reading;
+    }
+    const loop = async () => {
+      do {
+        again = false;
+        await read();
+      } while (again && !done());
+    };
+    return (reading = loop()
+      .catch(onError)
+      .finally(() => (reading = null)));
+  };
+}
+
 /** What the hub tells an observer (the service's metrics). Called on the feed's path: keep each call cheap. */
 export interface HubObserver {
   /** Asked on each read: read every change even with no subscriber (metrics were scraped lately). */
@@ -75,6 +100,11 @@ export interface HubObserver {
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
+  /**
+   * After an execution ends, its progress stream reads once more this much later before it
+   * ends: a worker writes a call's last report up to its throttle interval (250 ms) late. @default 500
+   */
+  progressSettleMs?: number;
 }
 
 /**
@@ -88,6 +118,8 @@ export class CompletionHub implements ListenerSink, Closeable {
   /** Execution id → watchers of its changes. */
   private readonly watchers = new Map<string, Set<(execution: Execution) => void>>();
   private readonly streams = new Set<EventStream>();
+  /** Execution id → progress streams to tell that a report was stored. */
+  private readonly progressWatchers = new Map<string, Set<() => void>>();
   /** Where the feed has been read to (null until started). */
   private position: Snapshot | null = null;
   private reading: Promise<void> | null = null;
@@ -112,7 +144,11 @@ export class CompletionHub implements ListenerSink, Closeable {
   /** Take the feed's position now and start polling it. */
   async start(): Promise<void> {
     this.position = await this.engine.currentPosition();
-    this.poller = setInterval(() => this.onChange(), this.options.pollMs ?? 1000);
+    this.poller = setInterval(() => {
+      this.onChange();
+      // a lost progress notification costs at most a poll
+      for (const set of this.progressWatchers.values()) set.forEach((heard) => heard());
+    }, this.options.pollMs ?? 1000);
   }
 
   onChange(): void {
@@ -122,6 +158,10 @@ export class CompletionHub implements ListenerSink, Closeable {
       return;
     }
     this.reading = this.readFeed().finally(() => (this.reading = null));
+  }
+
+  onProgress(executionId: string): void {
+    this.progressWatchers.get(executionId)?.forEach((heard) => heard());
   }
 
   onError(error: Error): void {
@@ -201,6 +241,7 @@ export class CompletionHub implements ListenerSink, Closeable {
   get size(): number {
     let watched = 0;
     for (const set of this.watchers.values()) watched += set.size;
+    for (const set of this.progressWatchers.values()) watched += set.size;
     return watched + this.streams.size;
   }
 
@@ -219,6 +260,60 @@ export class CompletionHub implements ListenerSink, Closeable {
       ended: (execution) => isTerminal(execution.status),
       // the listener loaded the row: no need to read it again
       onChange: (execution) => execution,
+    });
+  }
+
+  /**
+   * The execution's progress reports as they are stored (each with the execution as it is
+   * then): first the latest one, if any, then each newer one, until the execution ends (a
+   * report stored just after its end still comes). Reports a worker's throttle replaced, or
+   * that were replaced before the hub read them, are skipped: the latest always wins.
+   * NOT_FOUND as for `completed`. Engines without progress end the stream at the end.
+   */
+  async progress(token: string, visible: (execution: Execution) => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
+    const first = await this.engine.getExecution(token);
+    if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
+    const id = first.id;
+    return new Repeater<Execution>(async (push, stop) => {
+      let last: ExecutionProgress | null = null;
+      let ended = false;
+      const readOnce = async () => {
+        const found = (await this.engine.getProgress?.([id]))?.get(id) ?? null;
+        if (!found || (last && found.at.getTime() <= last.at.getTime())) return;
+        const execution = await this.engine.getExecution(token);
+        if (!execution) return;
+        last = found;
+        this.observer.onDelivered?.(1);
+        await push({ ...execution, progress: found });
+      };
+      const read = untilQuiet(readOnce, () => false, (error) =>
+        this.logger.warn({ err: toError(error) }, "could not read an execution's progress"),
+      );
+      const end = () => {
+        if (ended) return;
+        ended = true;
+        void sleep(this.options.progressSettleMs ?? 500)
+          .then(() => read())
+          .finally(() => stop());
+      };
+      let set = this.progressWatchers.get(id);
+      if (!set) this.progressWatchers.set(id, (set = new Set()));
+      const heard = () => void read();
+      set.add(heard);
+      const unwatch = this.watch([id], (execution) => {
+        if (isTerminal(execution.status)) end();
+      });
+      try {
+        await read();
+        // the end may fall before the watch began
+        const now = await this.engine.getExecution(token);
+        if (!now || isTerminal(now.status)) end();
+        await stop;
+      } finally {
+        unwatch();
+        set.delete(heard);
+        if (!set.size && this.progressWatchers.get(id) === set) this.progressWatchers.delete(id);
+      }
     });
   }
 
@@ -261,23 +356,11 @@ export class CompletionHub implements ListenerSink, Closeable {
         this.observer.onDelivered?.(1);
         void push(value).then(() => stop());
       };
-      let reading: Promise<void> | null = null;
-      let again = false;
-      const recheck = (): Promise<void> => {
-        if (reading) {
-          again = true;
-          return reading;
-        }
-        const readUntilQuiet = async () => {
-          do {
-            again = false;
-            finish(await read());
-          } while (again && !finished);
-        };
-        return (reading = readUntilQuiet()
-          .catch((error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'))
-          .finally(() => (reading = null)));
-      };
+      const recheck = untilQuiet(
+        async () => finish(await read()),
+        () => finished,
+        (error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'),
+      );
       const unwatch = this.watch(options.executionIds, (execution) => {
         const change = onChange(execution);
         if (change === 'read') void recheck();

@@ -112,6 +112,21 @@ export interface Execution {
   batchId: string | null;
   /** Its stage in that batch, 1-based (null outside a batch). */
   stage: number | null;
+  /**
+   * The latest progress its current (or last) attempt reported, when already read (a
+   * progress event carries it); absent: not read with the row (see Engine.getProgress).
+   */
+  progress?: ExecutionProgress | null;
+}
+
+/** How far a running call says it has got (asyncproc.progress() on PostgreSQL). */
+export interface ExecutionProgress {
+  /** 0–100. */
+  percent: number;
+  /** A short message (at most 200 characters), or null. */
+  message: string | null;
+  /** When it was stored, by the database's clock. */
+  at: Date;
 }
 
 export const BATCH_STATUSES = ['RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED'] as const;
@@ -325,6 +340,8 @@ export interface ListenerSink {
   /** A change was heard (or may have been missed, after a reconnect): read the change feed. */
   onChange(): void;
   onError(error: Error): void;
+  /** A progress report of this execution was stored (a hint: read it with Engine.getProgress). */
+  onProgress?(executionId: string): void;
   /** The listener heard from the database just now (connected, or a round trip of its own succeeded): readiness and lag. */
   onHeartbeat?(): void;
 }
@@ -460,6 +477,11 @@ export interface Engine<Tx = unknown> {
    * cutoff. Returns how many executions went. (The activator or sweeper runs it periodically.)
    */
   purge(olderThanMs: number): Promise<number>;
+  /**
+   * The latest progress each execution (by id) reported during its current or last attempt;
+   * executions with none are absent. Engines without live progress (SQL Server) omit it.
+   */
+  getProgress?(executionIds: readonly string[]): Promise<Map<string, ExecutionProgress>>;
   /** The execution log: every attempt of each execution (by execution id), oldest first. */
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>>;
   /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */

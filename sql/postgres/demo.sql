@@ -9,8 +9,14 @@ create table if not exists demo.ledger (
 );
 create index if not exists ledger_tag on demo.ledger (tag);
 
+-- reports its progress (asyncproc.progress) as it starts and as it wakes
 create or replace procedure demo.sleep(seconds double precision)
-language sql as $$ select pg_sleep(seconds) $$;
+language plpgsql as $$
+begin
+  perform asyncproc.progress(0, 'sleeping');
+  perform pg_sleep(seconds);
+  perform asyncproc.progress(100, 'awake');
+end $$;
 
 create or replace procedure demo.fail(message text)
 language plpgsql as $$ begin raise exception '%', message; end $$;

@@ -7,6 +7,7 @@ import {
   type ExecutionError,
   type ExecutionEvent,
   type ExecutionFilter,
+  type ExecutionProgress,
   type ExecutionResult,
 } from '../engine.js';
 import { builder, type Context } from './builder.js';
@@ -65,6 +66,16 @@ const ExecutionResultRef = builder.objectRef<ExecutionResult>('ExecutionResult')
   }),
 });
 
+const ExecutionProgressRef = builder.objectRef<ExecutionProgress>('ExecutionProgress').implement({
+  description:
+    'How far a running call says it has got (PostgreSQL: the procedure calls `asyncproc.progress(percent, message)`). Stored outside the call\'s transaction, so it is seen while the call runs; at most a few reports a second are kept, the latest winning.',
+  fields: (t) => ({
+    percent: t.exposeFloat('percent', { description: '0–100.' }),
+    message: t.exposeString('message', { nullable: true }),
+    at: t.expose('at', { type: 'DateTime', description: 'When the report was stored (database clock).' }),
+  }),
+});
+
 const AttemptStatusEnum = builder.enumType('AttemptStatus', {
   description: 'LOST: the worker (or session) running it died; the call was started again. CANCELLED: stopped while running by cancelExecution.',
   values: ['RUNNING', 'SUCCEEDED', 'FAILED', 'CANCELLED', 'LOST'] as const,
@@ -106,6 +117,13 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     result: t.field({ type: ExecutionResultRef, nullable: true, resolve: (e) => e.result }),
     worker: t.exposeString('worker', { nullable: true, description: 'The worker (PostgreSQL) or session (SQL Server) that ran it.' }),
     sessionId: t.exposeInt('sessionId', { nullable: true, description: 'Backend pid (PostgreSQL) or session id (SQL Server).' }),
+    progress: t.field({
+      type: ExecutionProgressRef,
+      nullable: true,
+      description:
+        'The latest progress the current (or last) attempt reported; null when it reported none, and always on SQL Server (see docs/mssql.md).',
+      resolve: (e, _args, { loaders }) => (e.progress !== undefined ? e.progress : loaders.progress.load(e.id)),
+    }),
     history: t.field({
       type: [AttemptRef],
       description: 'Every attempt, oldest first: when it ran, who ran it, how it ended.',

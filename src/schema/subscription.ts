@@ -13,6 +13,15 @@ builder.subscriptionFields((t) => ({
       guard(() => hub.completed(checkToken(String(token)), (execution) => owns(principal, execution.submittedBy))),
     resolve: (execution) => execution,
   }),
+  executionProgress: t.field({
+    type: ExecutionRef,
+    description:
+      "Progress reports of a call as it runs (the procedure calls `asyncproc.progress(percent, message)`), each event the execution with its `progress`: first the latest report, if any, then each newer one (a few a second at most, the latest winning); the stream ends when the execution ends. Nothing on SQL Server but the end. Another caller's token answers as an unknown one does (NOT_FOUND).",
+    args: { token: t.arg.id({ required: true }) },
+    subscribe: (_root, { token }, { hub, principal }) =>
+      guard(() => hub.progress(checkToken(String(token)), (execution) => owns(principal, execution.submittedBy))),
+    resolve: (execution) => execution,
+  }),
   executionEvents: t.field({
     type: ExecutionEventRef,
     description:

@@ -4,6 +4,7 @@ import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
+import type { ProgressRelay, ProgressSource } from './progress.js';
 import { purgeFinished } from './purge.js';
 
 /**
@@ -20,6 +21,8 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
   connectionString: string;
   logger: Logger;
   notifier: Notifier;
+  /** Forwards the progress the calls report (asyncproc.progress()). */
+  progress?: ProgressRelay;
   /** Period of the housekeeping tick (recover lost calls, release due ones, fallback wake). @default 1000 */
   tickMs?: number;
   /** Finished history older than this is purged. @default 7 days */
@@ -33,7 +36,7 @@ const PURGE_BUDGET_MS = 2000;
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
 /** A worker's connection: the queue slot it holds, and the statement_timeout armed on it (ms, 0: none). */
-type SlotClient = pg.Client & { slot?: number; statementTimeout?: number };
+type SlotClient = ProgressSource & { slot?: number; statementTimeout?: number };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
 function isConnectionError(error: unknown): boolean {
@@ -106,6 +109,7 @@ class QueueWorkers {
       try {
         if (!client) {
           client = await this.activator.connect(`asyncproc worker ${worker}`);
+          options.progress?.attach(client);
           backoff = 100;
         }
         if (!(await this.acquireSlot(client))) {
@@ -162,10 +166,12 @@ class QueueWorkers {
       // statement_timeout is armed when a statement starts, so the call's own timeout is set
       // before the statement that runs it (a round trip only when it differs from the last)
       await armTimeout(client, next.timeoutMs);
+      client.executionId = next.id;
       next = next.transactional
         ? await this.runInTransaction(client, worker, next.id, next.timeoutMs)
         : await this.runAtTopLevel(client, worker, next.id, next.timeoutMs);
     }
+    client.executionId = null;
   }
 
   /** The next queue to claim from after a call (none while stopping), and the row cap of results. */

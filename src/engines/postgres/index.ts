@@ -32,6 +32,7 @@ import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
 import { purgeFinished } from './purge.js';
 import { cancelBatch, cancelExecution } from './cancel.js';
+import { getProgress, ProgressRelay } from './progress.js';
 
 export interface PostgresEngineOptions {
   connectionString: string;
@@ -62,6 +63,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   private readonly logger: Logger;
   private readonly closeables = new Closeables();
   private readonly notifier: Notifier;
+  private readonly progress: ProgressRelay;
   private readonly activators = new Set<PostgresActivator>();
 
   constructor(readonly options: PostgresEngineOptions) {
@@ -73,6 +75,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     });
     this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
     this.notifier = new Notifier(options.connectionString, this.logger);
+    this.progress = new ProgressRelay(this.pool, this.logger);
   }
 
   async migrate(): Promise<void> {
@@ -211,6 +214,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   cancelExecution(token: string) {
     return cancelExecution(this.pool, token);
   }
+  getProgress(ids: readonly string[]) {
+    return getProgress(this.pool, ids);
+  }
   getHistory(ids: readonly string[]) {
     return getHistory(this.pool, ids);
   }
@@ -224,6 +230,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
         tickMs: this.options.tickMs,
         retentionMs: this.options.retentionMs,
         notifier: this.notifier,
+        progress: this.progress,
       },
       this.pool,
     );
@@ -244,6 +251,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
 
   async close(): Promise<void> {
     await this.closeables.closeAll();
+    await this.progress.close();
     await this.notifier.close();
     await this.pool.end();
   }

@@ -3,6 +3,7 @@ import type { Closeable, ListenerSink } from '../../engine.js';
 import { EXECUTION_STATUSES, toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
+import { PROGRESS_CHANNEL } from './progress.js';
 
 export interface PostgresListenerOptions {
   connectionString: string;
@@ -66,7 +67,7 @@ export class PostgresListener implements Closeable {
     client.on('notification', (msg) => this.hear(msg.channel, msg.payload));
     try {
       await client.connect();
-      await client.query('listen asyncproc_events');
+      await client.query(`listen asyncproc_events; listen ${PROGRESS_CHANNEL}`);
     } catch (error) {
       onLost(toError(error));
       if (!isReconnect) throw error;
@@ -83,6 +84,11 @@ export class PostgresListener implements Closeable {
   private hear(channel: string, payload: string | undefined): void {
     if (channel === 'asyncproc_events' && payload !== undefined && isEventPayload(payload)) {
       this.options.sink.onChange();
+      return;
+    }
+    // a report was stored: the hub reads it (the payload only says whose)
+    if (channel === PROGRESS_CHANNEL && payload !== undefined && /^\d{1,19}$/.test(payload)) {
+      this.options.sink.onProgress?.(payload);
       return;
     }
     // logged, never acted on (the first few, then every thousandth: a flood must not flood the log)

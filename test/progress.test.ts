@@ -1,0 +1,160 @@
+/**
+ * Live progress, end to end: a procedure calls asyncproc.progress(); the report travels as a
+ * NOTICE to its worker, is stored outside the call's transaction and announced, and reaches
+ * graphql-ws subscribers of executionProgress and readers of Execution.progress while the
+ * call still runs and its own writes are not yet visible. Real PostgreSQL, real service.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import { SignJWT } from 'jose';
+import type pg from 'pg';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const SECRET = 'a-test-secret-of-at-least-thirty-two-characters-long';
+
+let cluster: TestCluster;
+let t: TestApp;
+let sql: pg.Client;
+let alice: Record<string, string>;
+let bob: Record<string, string>;
+
+const bearer = async (sub: string) => ({
+  authorization: `Bearer ${await new SignJWT({ roles: [] }).setProtectedHeader({ alg: 'HS256' }).setSubject(sub).setIssuedAt().setExpirationTime('10m').sign(new TextEncoder().encode(SECRET))}`,
+});
+
+before(async () => {
+  cluster = await startTestCluster();
+  const url = await cluster.createDatabase();
+  t = await startTestApp(url, { ASYNCPROC_JWT_SECRET: SECRET, ASYNCPROC_RATE_LIMIT: '1000' });
+  sql = await cluster.connect(url);
+  await sql.query(`
+    create schema progress_test;
+    create table progress_test.marks (note text);
+    create procedure progress_test.steps(pause double precision)
+    language plpgsql as $$
+    begin
+      insert into progress_test.marks values ('written');
+      perform asyncproc.progress(50, 'half');
+      perform pg_sleep(pause);
+      perform asyncproc.progress(100, 'done');
+    end $$;
+    create procedure progress_test.chatty(reports integer)
+    language plpgsql as $$
+    begin
+      for i in 1..reports loop
+        perform asyncproc.progress(i * 100.0 / reports, 'step ' || i);
+        perform pg_sleep(0.002);
+      end loop;
+    end $$;
+    select asyncproc.register('progress_test.steps');
+    select asyncproc.register('progress_test.chatty');
+  `);
+  alice = await bearer('alice');
+  bob = await bearer('bob');
+});
+after(async () => {
+  await sql?.end();
+  await t?.stop();
+  await cluster?.stop();
+});
+
+async function invoke(procedure: string, args: Record<string, unknown>, headers = alice): Promise<string> {
+  const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure, arguments: args } }, headers);
+  assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+  return body.data.invoke.execution.token;
+}
+
+const PROGRESS = `subscription($t: ID!) { executionProgress(token: $t) { token status progress { percent message at } } }`;
+
+interface ProgressEvent {
+  token: string;
+  status: string;
+  progress: { percent: number; message: string | null; at: string };
+}
+
+describe('live progress (PostgreSQL)', () => {
+  it('a report reaches subscribers while the call runs and before its writes commit; the stream ends with the call', async () => {
+    const token = await invoke('progress_test.steps', { pause: 3 });
+    const iterator = t.ws({ Authorization: alice.authorization }).iterate({ query: PROGRESS, variables: { t: token } });
+    const events: ProgressEvent[] = [];
+    let atFirst: { status: string; marks: number; field: unknown } | null = null;
+    for await (const result of iterator) {
+      assert.equal(result.errors, undefined, JSON.stringify(result.errors));
+      const event = (result.data as { executionProgress: ProgressEvent }).executionProgress;
+      events.push(event);
+      if (events.length === 1) {
+        // at the moment the first report arrives: still RUNNING, its row not visible to others
+        const status = (await sql.query(`select status from asyncproc.executions where token = $1`, [token])).rows[0].status;
+        const marks = Number((await sql.query(`select count(*) as n from progress_test.marks`)).rows[0].n);
+        const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status progress { percent message } } }`, { t: token }, alice);
+        atFirst = { status, marks, field: body.data.execution };
+      }
+    }
+    assert.deepEqual(atFirst, { status: 'RUNNING', marks: 0, field: { status: 'RUNNING', progress: { percent: 50, message: 'half' } } });
+    assert.deepEqual(
+      events.map((e) => [e.status, e.progress.percent, e.progress.message]),
+      [
+        ['RUNNING', 50, 'half'],
+        // the last report may be read before or after the call's end was
+        [events[1]?.status === 'SUCCEEDED' ? 'SUCCEEDED' : 'RUNNING', 100, 'done'],
+      ],
+    );
+    assert.ok(Date.parse(events[1].progress.at) > Date.parse(events[0].progress.at));
+    // the call ended, its writes are there, and the field keeps the last report
+    const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status progress { percent message } } }`, { t: token }, alice);
+    assert.deepEqual(body.data.execution, { status: 'SUCCEEDED', progress: { percent: 100, message: 'done' } });
+    assert.equal(Number((await sql.query(`select count(*) as n from progress_test.marks`)).rows[0].n), 1);
+  });
+
+  it('a chatty procedure is throttled: a few events a second, the last report wins', async () => {
+    const started = Date.now();
+    const token = await invoke('progress_test.chatty', { reports: 1000 });
+    const results = await collect(t.ws({ Authorization: alice.authorization }).iterate({ query: PROGRESS, variables: { t: token } }));
+    const seconds = (Date.now() - started) / 1000;
+    const events = results.map((r) => (r.data as { executionProgress: ProgressEvent }).executionProgress);
+    assert.ok(seconds >= 2, `the loop sleeps 2 s in all, took ${seconds}`);
+    // at most 4 stored a second, plus the first and the last
+    assert.ok(events.length >= 2 && events.length <= Math.ceil(seconds * 4) + 2, `${events.length} events in ${seconds} s`);
+    const percents = events.map((e) => e.progress.percent);
+    assert.deepEqual(percents, [...percents].sort((a, b) => a - b), 'in order');
+    assert.deepEqual(events.at(-1)!.progress, { ...events.at(-1)!.progress, percent: 100, message: 'step 1000' });
+    const stored = await sql.query(
+      `select p.percent::float8 as percent, p.message from asyncproc.execution_progress p join asyncproc.executions e on e.id = p.execution_id where e.token = $1`,
+      [token],
+    );
+    assert.deepEqual(stored.rows, [{ percent: 100, message: 'step 1000' }]);
+  });
+
+  it('Execution.progress is null for a call that reported none', async () => {
+    const token = await invoke('demo.add', { a: 1, b: 2 });
+    const done = await waitFor(async () => {
+      const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status progress { percent } } }`, { t: token }, alice);
+      return body.data.execution.status === 'SUCCEEDED' ? body.data.execution : null;
+    });
+    assert.deepEqual(done, { status: 'SUCCEEDED', progress: null });
+  });
+
+  it("another caller's token is NOT_FOUND, as an unknown one is", async () => {
+    const token = await invoke('progress_test.steps', { pause: 0.5 });
+    for (const [who, tokenAsked] of [
+      [bob, token],
+      [alice, '00000000-0000-4000-8000-000000000000'],
+    ] as const) {
+      const results = await collect(t.ws({ Authorization: who.authorization }).iterate({ query: PROGRESS, variables: { t: tokenAsked } })).catch(
+        (errors) => [{ errors }],
+      );
+      const errors = (results[0] as { errors?: { extensions?: { code?: string } }[] }).errors;
+      assert.equal(errors?.[0]?.extensions?.code, 'NOT_FOUND', JSON.stringify(results));
+    }
+    // its owner sees it
+    const own = await collect(t.ws({ Authorization: alice.authorization }).iterate({ query: PROGRESS, variables: { t: token } }));
+    assert.ok(own.length >= 1 && own.every((r) => r.errors === undefined), JSON.stringify(own));
+  });
+
+  it('asyncproc.progress refuses a percent outside 0–100; outside a worker it is only a notice', async () => {
+    await assert.rejects(sql.query(`select asyncproc.progress(101)`), /between 0 and 100/);
+    // outside a worker it is only a notice
+    await sql.query(`select asyncproc.progress(10, 'from psql')`);
+  });
+});
