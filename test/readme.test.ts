@@ -78,7 +78,12 @@ describe('README examples', () => {
   for (const [i, example] of examples.entries()) {
     const name = example.trim().split('\n')[0];
     it(`example ${i + 1}: ${name}`, async () => {
-      const query = example.replaceAll('PUT-A-TOKEN-HERE', token).replaceAll('PUT-A-BATCH-ID-HERE', batchId);
+      let query = example.replaceAll('PUT-A-TOKEN-HERE', token).replaceAll('PUT-A-BATCH-ID-HERE', batchId);
+      if (query.includes('PUT-A-RUNNING-TOKEN-HERE')) {
+        // a call that reports progress while the example watches (demo.sleep reports as it wakes)
+        const running = await t.gql(`mutation { invoke(input: { procedure: "demo.sleep", arguments: { seconds: 1 } }) { execution { token } } }`);
+        query = query.replaceAll('PUT-A-RUNNING-TOKEN-HERE', running.body.data.invoke.execution.token);
+      }
       if (/^\s*subscription/.test(query)) {
         const events = collect(t.ws().iterate({ query }), 1);
         // a live stream needs something to happen once it is open
