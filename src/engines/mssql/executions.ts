@@ -120,6 +120,8 @@ function where(req: sql.Request, filter: ExecutionFilter): string[] {
     conditions.push('e.queue = @queue');
   }
   if (filter.submittedBy != null) conditions.push(submittedByIs(req, filter.submittedBy));
+  // never ignored silently: that would list every execution as the schedule's
+  if (filter.schedule != null) throw new Error('recurring schedules are not available on SQL Server yet');
   return conditions;
 }
 

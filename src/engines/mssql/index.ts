@@ -19,6 +19,7 @@ import {
   type Procedure,
   type QueueInfo,
   type RunningExecution,
+  type Schedule,
   type SchemaVersion,
   type SubmitBatchOptions,
 } from '../../engine.js';
@@ -255,6 +256,32 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return runCancel(mssqlCancelSteps(this.pool, token, this.allowKill), { waitMs: this.options.cancelWaitMs });
   }
   /** Every attempt of each execution (asyncexec.AsyncExecAttempts), oldest first; [] for none. */
+  // Recurring schedules are not built on SQL Server yet (issue 15): every schedule call says so.
+  private schedulesMissing(): Promise<never> {
+    return Promise.reject(new Error('recurring schedules are not available on SQL Server yet'));
+  }
+  createSchedule(): Promise<Schedule> {
+    return this.schedulesMissing();
+  }
+  updateSchedule(): Promise<Schedule> {
+    return this.schedulesMissing();
+  }
+  pauseSchedule(): Promise<Schedule> {
+    return this.schedulesMissing();
+  }
+  resumeSchedule(): Promise<Schedule> {
+    return this.schedulesMissing();
+  }
+  deleteSchedule(): Promise<Schedule> {
+    return this.schedulesMissing();
+  }
+  listSchedules(): Promise<Schedule[]> {
+    return this.schedulesMissing();
+  }
+  getSchedule(): Promise<Schedule | null> {
+    return this.schedulesMissing();
+  }
+
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {
     return getHistory(this.pool, executionIds);
   }

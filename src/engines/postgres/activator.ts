@@ -5,6 +5,7 @@ import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
 import { purgeFinished } from './purge.js';
+import { fireDueSchedules } from './schedules.js';
 
 /**
  * The PostgreSQL activator: a pool of worker slots per queue, each on its own
@@ -460,6 +461,7 @@ export class PostgresActivator implements Closeable {
     if (this.stopping) return;
     try {
       await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
+      await fireDueSchedules(this.pool);
       if (!this.dueTimer) this.scheduleDue();
       await this.vacuumReady();
       if (Date.now() - this.lastPurge > 60_000) {
