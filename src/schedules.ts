@@ -5,7 +5,7 @@
  * sql/postgres/routines/fire_due_schedules.sql).
  */
 import { Cron } from 'croner';
-import { EngineError } from './engine.js';
+import { EngineError, type Schedule, type ScheduleChange, type ScheduleInput } from './engine.js';
 
 /**
  * A fire later than this after its instant counts as missed (the service was down), as
@@ -76,4 +76,69 @@ export function planFire(schedule: DueSchedule, now: Date): PlannedFire {
   const following = nextRunAfter(schedule.cron, schedule.timezone, schedule.nextRunAt);
   const missed = now.getTime() - schedule.nextRunAt.getTime() > MISFIRE_GRACE_MS || (following !== null && following <= now);
   return { name: schedule.name, due: schedule.nextRunAt, next: nextRunAfter(schedule.cron, schedule.timezone, now), missed };
+}
+
+/** A schedule's row, as both engines store it (arguments parsed). */
+export interface ScheduleRow {
+  name: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  cron: string;
+  timezone: string;
+  queue: string | null;
+  max_attempts: number | null;
+  overlap: Schedule['overlap'];
+  catch_up: Schedule['catchUp'];
+  paused: boolean;
+  next_run_at: Date | null;
+  last_run_at: Date | null;
+  created_at: Date;
+  created_by: string | null;
+}
+
+export function toSchedule(row: ScheduleRow): Schedule {
+  return {
+    name: row.name,
+    procedure: row.procedure,
+    arguments: row.arguments,
+    cron: row.cron,
+    timezone: row.timezone,
+    queue: row.queue,
+    maxAttempts: row.max_attempts,
+    overlap: row.overlap,
+    catchUp: row.catch_up,
+    paused: row.paused,
+    nextRunAt: row.next_run_at,
+    lastRunAt: row.last_run_at,
+    createdAt: row.created_at,
+    createdBy: row.created_by,
+  };
+}
+
+/** A schedule's input with its defaults filled in. */
+export type CompleteScheduleInput = Pick<Schedule, 'name' | 'procedure' | 'arguments' | 'cron' | 'timezone' | 'queue' | 'maxAttempts' | 'overlap' | 'catchUp'> & {
+  callerRoles: readonly string[] | null;
+};
+
+export function completeScheduleInput(input: ScheduleInput): CompleteScheduleInput {
+  return {
+    name: input.name,
+    procedure: input.procedure,
+    arguments: input.arguments,
+    cron: input.cron,
+    timezone: input.timezone ?? 'UTC',
+    queue: input.queue ?? null,
+    maxAttempts: input.maxAttempts ?? null,
+    overlap: input.overlap ?? 'ALLOW',
+    catchUp: input.catchUp ?? 'ONCE',
+    callerRoles: input.callerRoles ?? null,
+  };
+}
+
+
+/** A schedule with a change applied (fields left undefined keep their value), its cron and time zone checked. */
+export function changedSchedule(current: Schedule, change: ScheduleChange): CompleteScheduleInput {
+  const s = completeScheduleInput({ ...current, ...Object.fromEntries(Object.entries(change).filter(([, v]) => v !== undefined)) });
+  checkCron(s.cron, s.timezone);
+  return s;
 }

@@ -29,6 +29,7 @@ const LANDED: Record<string, string> = {
   'mssql/0010_routines.sql': 'c4219a1dbfe29126ef63655f175e1021175de9358a239ea3239e0f9736a948b4',
   'mssql/0011_run.sql': '5d15b1c8fb834abef9d58eea06cf2106b0dfd6142a4b392ade56d8a07610b3a9',
   'mssql/0012_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
+  'mssql/0013_schedules.sql': '4ec042a9d1092caf41fdfabe68280751f3069d6c317970e060ab14fa86a8bc63',
 };
 
 describe('landed migrations', () => {

@@ -20,6 +20,8 @@ import {
   type QueueInfo,
   type RunningExecution,
   type Schedule,
+  type ScheduleChange,
+  type ScheduleInput,
   type SchemaVersion,
   type SubmitBatchOptions,
 } from '../../engine.js';
@@ -48,6 +50,16 @@ import {
 } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
+import {
+  createSchedule,
+  deleteSchedule,
+  getSchedule,
+  listSchedules,
+  pauseSchedule,
+  resumeSchedule,
+  startScheduleTicker,
+  updateSchedule,
+} from './schedules.js';
 import { retryDeadlocks } from './deadlock.js';
 import { mssqlPurgeRound, purgeHistory, recoverLostCalls, Sweeper, type RecoveryReport } from './sweeper.js';
 
@@ -256,30 +268,26 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return runCancel(mssqlCancelSteps(this.pool, token, this.allowKill), { waitMs: this.options.cancelWaitMs });
   }
   /** Every attempt of each execution (asyncexec.AsyncExecAttempts), oldest first; [] for none. */
-  // Recurring schedules are not built on SQL Server yet (issue 15): every schedule call says so.
-  private schedulesMissing(): Promise<never> {
-    return Promise.reject(new Error('recurring schedules are not available on SQL Server yet'));
+  createSchedule(input: ScheduleInput): Promise<Schedule> {
+    return createSchedule(this.pool, input);
   }
-  createSchedule(): Promise<Schedule> {
-    return this.schedulesMissing();
+  updateSchedule(name: string, change: ScheduleChange): Promise<Schedule> {
+    return updateSchedule(this.pool, name, change);
   }
-  updateSchedule(): Promise<Schedule> {
-    return this.schedulesMissing();
+  pauseSchedule(name: string): Promise<Schedule> {
+    return pauseSchedule(this.pool, name);
   }
-  pauseSchedule(): Promise<Schedule> {
-    return this.schedulesMissing();
+  resumeSchedule(name: string): Promise<Schedule> {
+    return resumeSchedule(this.pool, name);
   }
-  resumeSchedule(): Promise<Schedule> {
-    return this.schedulesMissing();
-  }
-  deleteSchedule(): Promise<Schedule> {
-    return this.schedulesMissing();
+  deleteSchedule(name: string): Promise<Schedule> {
+    return deleteSchedule(this.pool, name);
   }
   listSchedules(): Promise<Schedule[]> {
-    return this.schedulesMissing();
+    return listSchedules(this.pool);
   }
-  getSchedule(): Promise<Schedule | null> {
-    return this.schedulesMissing();
+  getSchedule(name: string): Promise<Schedule | null> {
+    return getSchedule(this.pool, name);
   }
 
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {
@@ -301,10 +309,14 @@ export class MssqlEngine implements Engine<sql.Transaction> {
 
   /**
    * Activation runs in the database (Service Broker starts the readers); the service runs the
-   * sweeper (recovery of lost dialogs, retention), shared with the listener.
+   * sweeper (recovery of lost dialogs, retention), shared with the listener, and fires due
+   * recurring schedules once a second (schedules.ts).
    */
   async startActivator(_options: ActivatorOptions): Promise<Closeable> {
-    return this.startSweeper();
+    const sweeper = await this.startSweeper();
+    // recurring schedules fire from here, as from the PostgreSQL activator's tick
+    const ticker = startScheduleTicker(this.pool, this.logger);
+    return this.closeables.track({ close: async () => void (await Promise.all([ticker.close(), sweeper.close()])) });
   }
 
   async startListener(sink: ListenerSink): Promise<Closeable> {

@@ -1,46 +1,21 @@
 import type pg from 'pg';
 import { EngineError, type Execution, type Schedule, type ScheduleChange, type ScheduleInput } from '../../engine.js';
-import { checkCron, checkScheduleName, nextRunAfter, planFire, type DueSchedule } from '../../schedules.js';
+import {
+  checkCron,
+  changedSchedule,
+  checkScheduleName,
+  completeScheduleInput as complete,
+  nextRunAfter,
+  planFire,
+  toSchedule,
+  type CompleteScheduleInput as CompleteInput,
+  type DueSchedule,
+  type ScheduleRow,
+} from '../../schedules.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
-
-interface ScheduleRow {
-  name: string;
-  procedure: string;
-  arguments: Record<string, unknown>;
-  cron: string;
-  timezone: string;
-  queue: string | null;
-  max_attempts: number | null;
-  overlap: Schedule['overlap'];
-  catch_up: Schedule['catchUp'];
-  paused: boolean;
-  next_run_at: Date | null;
-  last_run_at: Date | null;
-  created_at: Date;
-  created_by: string | null;
-}
-
-function toSchedule(row: ScheduleRow): Schedule {
-  return {
-    name: row.name,
-    procedure: row.procedure,
-    arguments: row.arguments,
-    cron: row.cron,
-    timezone: row.timezone,
-    queue: row.queue,
-    maxAttempts: row.max_attempts,
-    overlap: row.overlap,
-    catchUp: row.catch_up,
-    paused: row.paused,
-    nextRunAt: row.next_run_at,
-    lastRunAt: row.last_run_at,
-    createdAt: row.created_at,
-    createdBy: row.created_by,
-  };
-}
 
 async function inTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const client = await pool.connect();
@@ -78,26 +53,6 @@ async function dryRun(client: pg.ClientBase, s: CompleteInput): Promise<void> {
   }
 }
 
-/** A schedule's input with its defaults filled in. */
-type CompleteInput = Pick<Schedule, 'name' | 'procedure' | 'arguments' | 'cron' | 'timezone' | 'queue' | 'maxAttempts' | 'overlap' | 'catchUp'> & {
-  callerRoles: readonly string[] | null;
-};
-
-function complete(input: ScheduleInput): CompleteInput {
-  return {
-    name: input.name,
-    procedure: input.procedure,
-    arguments: input.arguments,
-    cron: input.cron,
-    timezone: input.timezone ?? 'UTC',
-    queue: input.queue ?? null,
-    maxAttempts: input.maxAttempts ?? null,
-    overlap: input.overlap ?? 'ALLOW',
-    catchUp: input.catchUp ?? 'ONCE',
-    callerRoles: input.callerRoles ?? null,
-  };
-}
-
 export async function createSchedule(pool: pg.Pool, input: ScheduleInput): Promise<Schedule> {
   checkScheduleName(input.name);
   const s = complete(input);
@@ -129,13 +84,7 @@ async function locked(client: pg.ClientBase, name: string): Promise<ScheduleRow>
 export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChange): Promise<Schedule> {
   return inTransaction(pool, async (client) => {
     const row = await locked(client, name);
-    const current = toSchedule(row);
-    const s = complete({
-      ...current,
-      ...Object.fromEntries(Object.entries(change).filter(([, v]) => v !== undefined)),
-      name,
-    });
-    checkCron(s.cron, s.timezone);
+    const s = changedSchedule(toSchedule(row), change);
     await dryRun(client, s);
     const { rows } = await client.query<ScheduleRow>(
       `update asyncproc.schedules
