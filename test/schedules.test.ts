@@ -3,6 +3,9 @@
  * after a stop, a procedure gone since, and the next-time function across daylight saving.
  */
 import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import { EngineError, type Closeable } from '../src/engine.js';
@@ -12,6 +15,7 @@ import { nextRunAfter, planFire } from '../src/schedules.js';
 import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 const at = (iso: string) => new Date(iso);
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 describe('next run (croner)', () => {
   it('runs 02:30 Europe/Berlin once on the spring-forward day, at 03:00 CEST, the first valid time after the gap', () => {
@@ -85,6 +89,40 @@ describe('schedules on PostgreSQL', () => {
     }
     const fires = await firesPerInstant(name);
     assert.ok(fires.length >= 3, `fired ${fires.length} instants in 4 s`);
+    assert.deepEqual(
+      fires.filter((f) => f.n !== 1),
+      [],
+      'every instant fired once',
+    );
+    await engine.deleteSchedule(name);
+  });
+
+  it('two worker processes fire each instant once; one killed (SIGKILL), the other goes on firing each instant once', async () => {
+    const name = 'two-processes';
+    const worker = (): ChildProcess =>
+      spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
+        cwd: ROOT,
+        env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
+        stdio: ['ignore', 'ignore', 'inherit'],
+      });
+    const stop = async (child: ChildProcess, signal: NodeJS.Signals) => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = once(child, 'exit');
+      child.kill(signal);
+      await exited;
+    };
+    const workers = [worker(), worker()];
+    try {
+      await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
+      await waitFor(async () => (await firesPerInstant(name)).length >= 3, 60_000, 'fires from the worker processes');
+      const killedAt = new Date();
+      await stop(workers[0], 'SIGKILL');
+      await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 3, 30_000, 'fires after the kill');
+      await engine.pauseSchedule(name);
+    } finally {
+      for (const child of workers) await stop(child, 'SIGTERM');
+    }
+    const fires = await firesPerInstant(name);
     assert.deepEqual(
       fires.filter((f) => f.n !== 1),
       [],
