@@ -1,7 +1,7 @@
-import { callerRoles, ownerFilter } from '../auth/principal.js';
+import { callerRoles, ownerFilter, seesEverything, type Principal } from '../auth/principal.js';
 import type { Schedule, ScheduleChange } from '../engine.js';
 import { builder, type Context } from './builder.js';
-import { guard, requireAdmin } from './errors.js';
+import { guard, requireAdmin, userError } from './errors.js';
 import { ExecutionConnectionRef, ExecutionRef, executionPage } from './execution.js';
 import { checkJsonValue } from './input.js';
 
@@ -150,12 +150,30 @@ builder.mutationFields((t) => ({
   }),
 }));
 
+/** Schedules hold an admin's arguments: admins and operators read them, as they read everyone's executions. */
+function requireOperator(principal: Principal): void {
+  if (!seesEverything(principal)) throw userError('FORBIDDEN', 'reading schedules needs the admin or operator role');
+}
+
 builder.queryFields((t) => ({
-  schedules: t.field({ type: [ScheduleRef], description: 'Every schedule, by name.', resolve: (_root, _args, { engine }) => guard(() => engine.listSchedules()) }),
+  schedules: t.field({
+    type: [ScheduleRef],
+    description: 'Every schedule, by name. Admins and operators only.',
+    resolve: (_root, _args, { engine, principal }) =>
+      guard(async () => {
+        requireOperator(principal);
+        return engine.listSchedules();
+      }),
+  }),
   schedule: t.field({
     type: ScheduleRef,
     nullable: true,
+    description: 'null for an unknown name. Admins and operators only.',
     args: { name: t.arg.string({ required: true }) },
-    resolve: (_root, { name }, { engine }) => guard(() => engine.getSchedule(name)),
+    resolve: (_root, { name }, { engine, principal }) =>
+      guard(async () => {
+        requireOperator(principal);
+        return engine.getSchedule(name);
+      }),
   }),
 }));
