@@ -518,7 +518,7 @@ export interface Engine<Tx = unknown> {
    * a bad or taken name. Nothing is created when anything is refused.
    */
   createSchedule(input: ScheduleInput): Promise<Schedule>;
-  /** Change a schedule (checked as at create); its next run is computed again. NOT_FOUND for an unknown name. */
+  /** Change a schedule (checked as at create); a new cron or time zone computes its next run again. NOT_FOUND for an unknown name. */
   updateSchedule(name: string, change: ScheduleChange): Promise<Schedule>;
   /** Stop firing (instants passed while paused never fire). NOT_FOUND for an unknown name. */
   pauseSchedule(name: string): Promise<Schedule>;

@@ -1081,6 +1081,11 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         await assert.rejects(engine.updateSchedule(good.name, { cron: 'nope' }), isCode('BAD_USER_INPUT'));
         await assert.rejects(engine.updateSchedule(good.name, { arguments: { a: 1 } }), isCode('INVALID_ARGUMENTS'));
         assert.deepEqual(await engine.getSchedule(good.name), created, 'a refused update changes nothing');
+        const changed = await engine.updateSchedule(good.name, { arguments: { a: 5, b: 6 }, overlap: 'SKIP' });
+        assert.deepEqual([changed.arguments, changed.overlap, changed.nextRunAt], [{ a: 5, b: 6 }, 'SKIP', created.nextRunAt], 'the same cron keeps its next run');
+        const recron = await engine.updateSchedule(good.name, { cron: '30 3 * * *', timezone: 'UTC' });
+        assert.equal(recron.nextRunAt!.toISOString().slice(11), '03:30:00.000Z', 'a new cron and zone compute it again');
+        assert.deepEqual(recron.arguments, { a: 5, b: 6 });
         await engine.deleteSchedule(good.name);
       });
 

@@ -177,6 +177,17 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule(name);
   });
 
+  it('an update that keeps the cron and zone keeps the due instant: it still fires', async () => {
+    const name = 'updated-when-due';
+    const created = await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: 'before' }, cron: '* * * * * *' });
+    await sleep(1500); // due now, and nothing running here fires it
+    const updated = await engine.updateSchedule(name, { arguments: { tag: 'after' } });
+    assert.deepEqual(updated.nextRunAt, created.nextRunAt);
+    const [fired] = await fireDueSchedules(engine.pool);
+    assert.deepEqual([fired?.runAt, fired?.arguments], [created.nextRunAt, { tag: 'after' }]);
+    await engine.deleteSchedule(name);
+  });
+
   it('refuses a procedure the creator may not invoke (FORBIDDEN), as invoke does', async () => {
     await sql.query(`create procedure public.guarded() language plpgsql as $$ begin end $$`);
     await engine.registerProcedure('public.guarded', { roles: ['payroll'] });

@@ -58,7 +58,7 @@ const CreateScheduleInput = builder.inputType('CreateScheduleInput', {
 });
 
 const UpdateScheduleInput = builder.inputType('UpdateScheduleInput', {
-  description: 'What to change; a field left out keeps its value. The next run is computed again.',
+  description: 'What to change; a field left out keeps its value. A new cron or time zone computes the next run again.',
   fields: (t) => ({
     procedure: t.string({ required: false }),
     arguments: t.field({ type: 'JSON', required: false }),

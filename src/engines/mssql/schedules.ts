@@ -110,7 +110,11 @@ export async function updateSchedule(pool: sql.ConnectionPool, name: string, cha
     `UPDATE asyncexec.AsyncExecSchedules
         SET [procedure] = @procedure, arguments = @arguments, cron = @cron, timezone = @timezone, queue = @queue,
             max_attempts = @maxAttempts, overlap = @overlap, catch_up = @catchUp,
-            next_run_at = CASE WHEN paused = 1 THEN NULL ELSE @nextRunAt END, updated_at = SYSUTCDATETIME()
+            updated_at = SYSUTCDATETIME(),
+            -- the same cron and zone keep their next instant: an update at a fire's moment must not lose it
+            next_run_at = CASE WHEN paused = 1 THEN NULL
+                               WHEN cron COLLATE Latin1_General_BIN2 = @cron AND timezone COLLATE Latin1_General_BIN2 = @timezone THEN next_run_at
+                               ELSE @nextRunAt END
      WHERE name = @name;
      SELECT ${COLUMNS} FROM asyncexec.AsyncExecSchedules WHERE name = @name;`,
   );

@@ -89,7 +89,9 @@ export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChan
     const { rows } = await client.query<ScheduleRow>(
       `update asyncproc.schedules
           set procedure = $2, arguments = $3::jsonb, cron = $4, timezone = $5, queue = $6, max_attempts = $7, overlap = $8,
-              catch_up = $9, next_run_at = case when paused then null else $10::timestamptz end, updated_at = clock_timestamp()
+              catch_up = $9, updated_at = clock_timestamp(),
+              -- the same cron and zone keep their next instant: an update at a fire's moment must not lose it
+              next_run_at = case when paused then null when cron = $4 and timezone = $5 then next_run_at else $10::timestamptz end
         where name = $1 returning *`,
       [name, s.procedure, JSON.stringify(s.arguments), s.cron, s.timezone, s.queue, s.maxAttempts, s.overlap, s.catchUp,
         nextRunAfter(s.cron, s.timezone, new Date())],
