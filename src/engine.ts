@@ -283,7 +283,59 @@ export interface ExecutionFilter {
   queue?: string | null;
   /** Only executions submitted by this subject: a plain caller's view of its own work. */
   submittedBy?: string | null;
+  /** Only executions started by this schedule. */
+  schedule?: string | null;
 }
+
+/** ALLOW: fire on time regardless. SKIP: no fire while the schedule's previous execution has not ended. */
+export type ScheduleOverlap = 'ALLOW' | 'SKIP';
+/** Instants missed while nothing ran: ONCE fires once on the next start, SKIP fires none. */
+export type ScheduleCatchUp = 'ONCE' | 'SKIP';
+
+/** A procedure started at the instants of a cron expression in a time zone. */
+export interface Schedule {
+  name: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  /** Five fields (minute hour day-of-month month day-of-week), or six with seconds first. */
+  cron: string;
+  /** IANA time zone the cron expression is read in. */
+  timezone: string;
+  /** null: the procedure's registered queue at each fire. */
+  queue: string | null;
+  maxAttempts: number | null;
+  overlap: ScheduleOverlap;
+  catchUp: ScheduleCatchUp;
+  paused: boolean;
+  /** The next instant it fires at (null while paused). */
+  nextRunAt: Date | null;
+  /** When it last fired. */
+  lastRunAt: Date | null;
+  createdAt: Date;
+  createdBy: string | null;
+}
+
+/** createSchedule's input; updateSchedule takes the same fields but the name, each optional. */
+export interface ScheduleInput {
+  name: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  cron: string;
+  /** @default "UTC" */
+  timezone?: string | null;
+  queue?: string | null;
+  maxAttempts?: number | null;
+  /** @default "ALLOW" */
+  overlap?: ScheduleOverlap | null;
+  /** @default "ONCE" */
+  catchUp?: ScheduleCatchUp | null;
+  /** Recorded; its fires are submitted by this subject. */
+  createdBy?: string | null;
+  /** Checked against the procedure's roles at create/update, as for invoke. */
+  callerRoles?: readonly string[] | null;
+}
+
+export type ScheduleChange = Partial<Omit<ScheduleInput, 'name' | 'createdBy'>>;
 
 /** Keyset page request over executions, newest first. Cursors are execution ids. */
 export interface PageRequest {
@@ -482,6 +534,22 @@ export interface Engine<Tx = unknown> {
    * executions with none are absent. Engines without live progress (SQL Server) omit it.
    */
   getProgress?(executionIds: readonly string[]): Promise<Map<string, ExecutionProgress>>;
+  /**
+   * Create a schedule. Its arguments are checked against the procedure's signature as invoke
+   * checks them (same codes); BAD_USER_INPUT for a malformed cron expression or time zone,
+   * a bad or taken name. Nothing is created when anything is refused.
+   */
+  createSchedule(input: ScheduleInput): Promise<Schedule>;
+  /** Change a schedule (checked as at create); a new cron or time zone computes its next run again. NOT_FOUND for an unknown name. */
+  updateSchedule(name: string, change: ScheduleChange): Promise<Schedule>;
+  /** Stop firing (instants passed while paused never fire). NOT_FOUND for an unknown name. */
+  pauseSchedule(name: string): Promise<Schedule>;
+  /** Fire again from the next instant after now. NOT_FOUND for an unknown name. */
+  resumeSchedule(name: string): Promise<Schedule>;
+  /** Remove a schedule (its executions stay). NOT_FOUND for an unknown name. */
+  deleteSchedule(name: string): Promise<Schedule>;
+  listSchedules(): Promise<Schedule[]>;
+  getSchedule(name: string): Promise<Schedule | null>;
   /** The execution log: every attempt of each execution (by execution id), oldest first. */
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>>;
   /** Start running calls in this process (PostgreSQL worker pool; SQL Server: activation is in the database). */

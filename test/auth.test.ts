@@ -293,6 +293,40 @@ describe('roles', () => {
     assert.deepEqual(body.data.configureQueue.queue, { name: 'by-admin', concurrency: 2 });
   });
 
+  it('schedules: created, changed, paused, resumed and deleted by admins only; a bad cron is BAD_USER_INPUT; fires are the creator\'s; only admins and operators read them', async () => {
+    const create = (headers: Record<string, string>, cron = '* * * * * *') =>
+      t.gql(
+        `mutation { createSchedule(input: { name: "by-admin", procedure: "demo.add", arguments: { a: 1, b: 2 }, cron: "${cron}" }) { schedule { name createdBy paused } } }`,
+        {},
+        headers,
+      );
+    for (const headers of [alice, operator]) {
+      await refused(() => create(headers), 'FORBIDDEN');
+      for (const action of ['pauseSchedule', 'resumeSchedule', 'deleteSchedule']) {
+        await refused(() => t.gql(`mutation { ${action}(name: "by-admin") { schedule { name } } }`, {}, headers), 'FORBIDDEN');
+      }
+      await refused(() => t.gql(`mutation { updateSchedule(name: "by-admin", input: { cron: "0 * * * *" }) { schedule { name } } }`, {}, headers), 'FORBIDDEN');
+    }
+    await refused(() => create(admin, '99 * * * *'), 'BAD_USER_INPUT');
+    const { body } = await create(admin);
+    assert.deepEqual(body.data.createSchedule.schedule, { name: 'by-admin', createdBy: 'ada', paused: false });
+    const fires = `{ schedule(name: "by-admin") { executions(first: 5) { totalCount nodes { submittedBy } } } }`;
+    const seen = await waitFor(async () => {
+      const { body } = await t.gql(fires, {}, admin);
+      return body.data.schedule.executions.totalCount >= 1 ? body.data.schedule.executions : null;
+    });
+    assert.equal(seen.nodes[0].submittedBy, 'ada');
+    await refused(() => t.gql(fires, {}, alice), 'FORBIDDEN');
+    await refused(() => t.gql(`{ schedules { name arguments } }`, {}, alice), 'FORBIDDEN');
+    const asOperator = await t.gql(`{ schedules { name } }`, {}, operator);
+    assert.deepEqual(asOperator.body.data.schedules, [{ name: 'by-admin' }], 'operators read schedules');
+    const paused = await t.gql(`mutation { pauseSchedule(name: "by-admin") { schedule { paused nextRunAt } } }`, {}, admin);
+    assert.deepEqual(paused.body.data.pauseSchedule.schedule, { paused: true, nextRunAt: null });
+    const deleted = await t.gql(`mutation { deleteSchedule(name: "by-admin") { schedule { name } } }`, {}, admin);
+    assert.equal(deleted.body.data.deleteSchedule.schedule.name, 'by-admin');
+    await refused(() => t.gql(`mutation { deleteSchedule(name: "by-admin") { schedule { name } } }`, {}, admin), 'NOT_FOUND');
+  });
+
   it('a procedure registered with roles is invoked only by holders of one of them (or admin); nothing is enqueued otherwise', async () => {
     const register = await t.gql(
       `mutation { registerProcedure(input: { name: "demo.record", roles: ["ledger"] }) { procedure { name roles } } }`,

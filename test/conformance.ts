@@ -1052,5 +1052,104 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         }
       });
     });
+
+    describe('recurring schedules (issue 15)', () => {
+      const ofSchedule = async (name: string) => (await engine.listExecutions({ schedule: name }, { first: 500 })).items.reverse();
+
+      it('refuses a malformed cron expression or time zone, bad arguments, an unknown procedure or queue, creating nothing', async () => {
+        const before = (await engine.listSchedules()).length;
+        const good = { name: unique('refused'), procedure: 'demo.add', arguments: { a: 1, b: 2 } as Record<string, unknown>, cron: '0 2 * * *' };
+        const refusals: [Partial<typeof good> & { timezone?: string; queue?: string }, string][] = [
+          [{ cron: '61 2 * * *' }, 'BAD_USER_INPUT'],
+          [{ cron: 'every night' }, 'BAD_USER_INPUT'],
+          [{ cron: '* * * * * * * *' }, 'BAD_USER_INPUT'],
+          [{ timezone: 'Mars/Olympus_Mons' }, 'BAD_USER_INPUT'],
+          [{ name: 'no spaces please' }, 'BAD_USER_INPUT'],
+          [{ arguments: { a: 1 } }, 'INVALID_ARGUMENTS'],
+          [{ arguments: { a: 'one', b: 2 } }, 'INVALID_ARGUMENTS'],
+          [{ procedure: 'demo.missing' }, 'UNKNOWN_PROCEDURE'],
+          [{ queue: 'no-such-queue' }, 'UNKNOWN_QUEUE'],
+        ];
+        for (const [change, code] of refusals) {
+          await assert.rejects(engine.createSchedule({ ...good, ...change }), isCode(code), JSON.stringify(change));
+        }
+        assert.equal((await engine.listSchedules()).length, before, 'nothing created');
+        assert.equal(await engine.getSchedule(good.name), null);
+        const created = await engine.createSchedule({ ...good, timezone: 'Europe/Berlin' });
+        await assert.rejects(engine.createSchedule(good), isCode('BAD_USER_INPUT'), 'a name is taken once');
+        assert.equal(created.nextRunAt!.toISOString().slice(14), '00:00.000Z', 'the next 02:00 in Berlin is on a whole UTC hour');
+        await assert.rejects(engine.updateSchedule(good.name, { cron: 'nope' }), isCode('BAD_USER_INPUT'));
+        await assert.rejects(engine.updateSchedule(good.name, { arguments: { a: 1 } }), isCode('INVALID_ARGUMENTS'));
+        assert.deepEqual(await engine.getSchedule(good.name), created, 'a refused update changes nothing');
+        const changed = await engine.updateSchedule(good.name, { arguments: { a: 5, b: 6 }, overlap: 'SKIP' });
+        assert.deepEqual([changed.arguments, changed.overlap, changed.nextRunAt], [{ a: 5, b: 6 }, 'SKIP', created.nextRunAt], 'the same cron keeps its next run');
+        const recron = await engine.updateSchedule(good.name, { cron: '30 3 * * *', timezone: 'UTC' });
+        assert.equal(recron.nextRunAt!.toISOString().slice(11), '03:30:00.000Z', 'a new cron and zone compute it again');
+        assert.deepEqual(recron.arguments, { a: 5, b: 6 });
+        await engine.deleteSchedule(good.name);
+      });
+
+      it('a schedule every second fires each second once; its executions are listed by the filter; pause, resume and delete', async () => {
+        const name = unique('every-second');
+        const tag = unique('scheduled');
+        const created = await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag }, cron: '* * * * * *' });
+        assert.equal(created.paused, false);
+        assert.ok(created.nextRunAt! > new Date(Date.now() - 1000));
+        const fired = await waitFor(async () => {
+          const rows = await ofSchedule(name);
+          return rows.length >= 3 ? rows : null;
+        }, 20_000, 'three fires');
+        const instants = fired.map((e) => e.runAt!.getTime());
+        assert.ok(instants.every((t) => t % 1000 === 0), 'each stands for a whole second');
+        assert.equal(new Set(instants).size, instants.length, 'no instant fired twice');
+        assert.equal(await engine.countExecutions({ schedule: name }), (await ofSchedule(name)).length);
+        assert.ok((await engine.getSchedule(name))!.lastRunAt, 'lastRunAt is set');
+        await finished(fired.map((e) => e.token));
+        assert.ok((await harness.ledgerCount(tag)) >= 3, 'the procedure ran');
+        assert.deepEqual(await engine.listExecutions({ schedule: unique('other') }, { first: 5 }), { items: [], hasNextPage: false, hasPreviousPage: false });
+
+        const pausedAt = new Date();
+        const paused = await engine.pauseSchedule(name);
+        assert.equal(paused.paused, true);
+        assert.equal(paused.nextRunAt, null);
+        // pause takes the schedule's row lock: a fire in flight commits before it, none after
+        const whilePaused = (await ofSchedule(name)).length;
+        await new Promise((resolve) => setTimeout(resolve, 2500));
+        assert.equal((await ofSchedule(name)).length, whilePaused, 'no fire while paused');
+
+        const resumedAt = new Date();
+        const resumed = await engine.resumeSchedule(name);
+        assert.equal(resumed.paused, false);
+        assert.ok(resumed.nextRunAt! > resumedAt);
+        await waitFor(async () => (await ofSchedule(name)).length > whilePaused, 10_000, 'a fire after resume');
+        const pausedInstants = (await ofSchedule(name)).filter((e) => e.runAt! > pausedAt && e.runAt! < resumedAt);
+        assert.deepEqual(pausedInstants, [], 'instants passed while paused never fire');
+
+        const deleted = await engine.deleteSchedule(name);
+        assert.equal(deleted.name, name);
+        assert.equal(await engine.getSchedule(name), null);
+        assert.ok(!(await engine.listSchedules()).some((s) => s.name === name));
+        await assert.rejects(engine.deleteSchedule(name), isCode('NOT_FOUND'));
+        await assert.rejects(engine.pauseSchedule(name), isCode('NOT_FOUND'));
+        await new Promise((resolve) => setTimeout(resolve, 1500));
+        const left = (await ofSchedule(name)).length;
+        assert.ok(left >= whilePaused + 1, 'its executions stay');
+        await new Promise((resolve) => setTimeout(resolve, 2000));
+        assert.equal((await ofSchedule(name)).length, left, 'no fire after delete');
+      });
+
+      it('overlap SKIP: no fire while the previous one still runs', async () => {
+        const name = unique('no-overlap');
+        await engine.createSchedule({ name, procedure: 'demo.sleep', arguments: { seconds: 2.5 }, cron: '* * * * * *', overlap: 'SKIP' });
+        await new Promise((resolve) => setTimeout(resolve, 6000));
+        await engine.deleteSchedule(name);
+        const runs = await finished((await ofSchedule(name)).map((e) => e.token));
+        assert.ok(runs.length >= 1 && runs.length <= 3, `${runs.length} fires in 6 s of a 2.5 s call`);
+        runs.sort((a, b) => a.runAt!.getTime() - b.runAt!.getTime());
+        for (let i = 1; i < runs.length; i++) {
+          assert.ok(runs[i].submittedAt >= runs[i - 1].finishedAt!, `fire ${i + 1} was submitted before fire ${i} ended`);
+        }
+      });
+    });
   });
 }

@@ -16,6 +16,7 @@ const LANDED: Record<string, string> = {
   'postgres/0005_permissions.sql': 'fc5d1b65aa66e7426723ab410465c06b6260195c224463a95d43af44474e25cb',
   'postgres/0006_identity.sql': 'ad79918157bc4e7bb44b870e3406001ea948abca6cf98aa5f4f3a053b1c03b6a',
   'postgres/0007_autocommit.sql': 'a47a0b7da5bbfb905d4f834f9d2642da9dfd03b30a5cc1114e50d15df863c08c',
+  'postgres/0009_schedules.sql': '403e337483f3129a1822f260778d2d4c813c79ec4305eccf1eda9a5888057ca9',
   'postgres/0010_progress.sql': 'd2752cecca75f775906e25765b9cfa440878e589949410c20f3532ed01d0cbdd',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
@@ -29,6 +30,7 @@ const LANDED: Record<string, string> = {
   'mssql/0010_routines.sql': 'c4219a1dbfe29126ef63655f175e1021175de9358a239ea3239e0f9736a948b4',
   'mssql/0011_run.sql': '5d15b1c8fb834abef9d58eea06cf2106b0dfd6142a4b392ade56d8a07610b3a9',
   'mssql/0012_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
+  'mssql/0013_schedules.sql': '4ec042a9d1092caf41fdfabe68280751f3069d6c317970e060ab14fa86a8bc63',
 };
 
 describe('landed migrations', () => {

@@ -162,6 +162,47 @@ export function toFilter(
   };
 }
 
+export const ExecutionConnectionRef = builder.connectionObject(
+  {
+    type: ExecutionRef,
+    name: 'ExecutionConnection',
+    fields: (tc) => ({
+      totalCount: tc.int({
+        description: 'All executions matching the filter.',
+        resolve: (connection, _args, { engine }) => engine.countExecutions((connection as unknown as { filter: ExecutionFilter }).filter),
+      }),
+    }),
+  },
+  { name: 'ExecutionEdge' },
+);
+
+/** One page of an ExecutionConnection (Query.executions, Schedule.executions), newest first; it keeps its filter for `totalCount`. */
+export async function executionPage(
+  { engine }: Context,
+  filter: ExecutionFilter,
+  args: { first?: number | null; last?: number | null; after?: string | null; before?: string | null },
+) {
+  for (const n of [args.first, args.last]) {
+    if (n != null && (n < 0 || n > 500)) throw userError('BAD_USER_INPUT', 'first/last must be between 0 and 500');
+  }
+  const page = await engine.listExecutions(filter, {
+    first: args.first,
+    last: args.last,
+    after: checkPageCursor(args.after),
+    before: checkPageCursor(args.before),
+  });
+  return {
+    filter,
+    edges: page.items.map((node) => ({ cursor: node.id, node })),
+    pageInfo: {
+      hasNextPage: page.hasNextPage,
+      hasPreviousPage: page.hasPreviousPage,
+      startCursor: page.items[0]?.id ?? null,
+      endCursor: page.items.at(-1)?.id ?? null,
+    },
+  };
+}
+
 builder.queryFields((t) => ({
   changeCursor: t.string({
     description:
@@ -184,41 +225,8 @@ builder.queryFields((t) => ({
       type: ExecutionRef,
       description: 'Executions, newest first: all of them for admins and operators, a plain caller\'s own otherwise.',
       args: { filter: t.arg({ type: ExecutionFilterInput, required: false }) },
-      resolve: (_root, args, context) =>
-        guard(async () => {
-          const { engine } = context;
-          for (const n of [args.first, args.last]) {
-            if (n != null && (n < 0 || n > 500)) throw userError('BAD_USER_INPUT', 'first/last must be between 0 and 500');
-          }
-          const filter = toFilter(args.filter, context);
-          const page = await engine.listExecutions(filter, {
-            first: args.first,
-            last: args.last,
-            after: checkPageCursor(args.after),
-            before: checkPageCursor(args.before),
-          });
-          return {
-            filter,
-            edges: page.items.map((node) => ({ cursor: node.id, node })),
-            pageInfo: {
-              hasNextPage: page.hasNextPage,
-              hasPreviousPage: page.hasPreviousPage,
-              startCursor: page.items[0]?.id ?? null,
-              endCursor: page.items.at(-1)?.id ?? null,
-            },
-          };
-        }),
+      resolve: (_root, args, context) => guard(() => executionPage(context, toFilter(args.filter, context), args)),
     },
-    {
-      name: 'ExecutionConnection',
-      fields: (tc) => ({
-        totalCount: tc.int({
-          description: 'All executions matching the filter.',
-          resolve: (connection, _args, { engine }) =>
-            engine.countExecutions((connection as unknown as { filter: ExecutionFilter }).filter),
-        }),
-      }),
-    },
-    { name: 'ExecutionEdge' },
+    ExecutionConnectionRef,
   ),
 }));

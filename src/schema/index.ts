@@ -6,6 +6,7 @@ import './invoke.js';
 import './subscription.js';
 import './batch.js';
 import './apiKeys.js';
+import './schedules.js';
 
 export type { Context, Limits } from './builder.js';
 

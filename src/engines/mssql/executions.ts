@@ -120,6 +120,11 @@ function where(req: sql.Request, filter: ExecutionFilter): string[] {
     conditions.push('e.queue = @queue');
   }
   if (filter.submittedBy != null) conditions.push(submittedByIs(req, filter.submittedBy));
+  if (filter.schedule != null) {
+    // schedule names are of A-Z a-z 0-9 _ . : - (no trailing blanks); binary: case counts, as at create
+    req.input('schedule', sql.NVarChar(128), filter.schedule);
+    conditions.push('e.schedule_name = @schedule AND e.schedule_name COLLATE Latin1_General_BIN2 = @schedule');
+  }
   return conditions;
 }
 

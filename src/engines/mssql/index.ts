@@ -19,6 +19,9 @@ import {
   type Procedure,
   type QueueInfo,
   type RunningExecution,
+  type Schedule,
+  type ScheduleChange,
+  type ScheduleInput,
   type SchemaVersion,
   type SubmitBatchOptions,
 } from '../../engine.js';
@@ -47,6 +50,16 @@ import {
 } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
+import {
+  createSchedule,
+  deleteSchedule,
+  getSchedule,
+  listSchedules,
+  pauseSchedule,
+  resumeSchedule,
+  startScheduleTicker,
+  updateSchedule,
+} from './schedules.js';
 import { retryDeadlocks } from './deadlock.js';
 import { mssqlPurgeRound, purgeHistory, recoverLostCalls, Sweeper, type RecoveryReport } from './sweeper.js';
 
@@ -255,6 +268,28 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return runCancel(mssqlCancelSteps(this.pool, token, this.allowKill), { waitMs: this.options.cancelWaitMs });
   }
   /** Every attempt of each execution (asyncexec.AsyncExecAttempts), oldest first; [] for none. */
+  createSchedule(input: ScheduleInput): Promise<Schedule> {
+    return createSchedule(this.pool, input);
+  }
+  updateSchedule(name: string, change: ScheduleChange): Promise<Schedule> {
+    return updateSchedule(this.pool, name, change);
+  }
+  pauseSchedule(name: string): Promise<Schedule> {
+    return pauseSchedule(this.pool, name);
+  }
+  resumeSchedule(name: string): Promise<Schedule> {
+    return resumeSchedule(this.pool, name);
+  }
+  deleteSchedule(name: string): Promise<Schedule> {
+    return deleteSchedule(this.pool, name);
+  }
+  listSchedules(): Promise<Schedule[]> {
+    return listSchedules(this.pool);
+  }
+  getSchedule(name: string): Promise<Schedule | null> {
+    return getSchedule(this.pool, name);
+  }
+
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {
     return getHistory(this.pool, executionIds);
   }
@@ -274,10 +309,14 @@ export class MssqlEngine implements Engine<sql.Transaction> {
 
   /**
    * Activation runs in the database (Service Broker starts the readers); the service runs the
-   * sweeper (recovery of lost dialogs, retention), shared with the listener.
+   * sweeper (recovery of lost dialogs, retention), shared with the listener, and fires due
+   * recurring schedules once a second (schedules.ts).
    */
   async startActivator(_options: ActivatorOptions): Promise<Closeable> {
-    return this.startSweeper();
+    const sweeper = await this.startSweeper();
+    // recurring schedules fire from here, as from the PostgreSQL activator's tick
+    const ticker = startScheduleTicker(this.pool, this.logger);
+    return this.closeables.track({ close: async () => void (await Promise.all([ticker.close(), sweeper.close()])) });
   }
 
   async startListener(sink: ListenerSink): Promise<Closeable> {

@@ -6,6 +6,7 @@ import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
 import type { ProgressRelay, ProgressSource } from './progress.js';
 import { purgeFinished } from './purge.js';
+import { fireDueSchedules } from './schedules.js';
 
 /**
  * The PostgreSQL activator: a pool of worker slots per queue, each on its own
@@ -466,6 +467,7 @@ export class PostgresActivator implements Closeable {
     if (this.stopping) return;
     try {
       await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
+      await fireDueSchedules(this.pool);
       if (!this.dueTimer) this.scheduleDue();
       await this.vacuumReady();
       if (Date.now() - this.lastPurge > 60_000) {

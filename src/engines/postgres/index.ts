@@ -11,6 +11,8 @@ import type {
   ListenerSink,
   NewApiKey,
   RegisterOptions,
+  ScheduleChange,
+  ScheduleInput,
   SubmitBatchOptions,
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
@@ -33,6 +35,15 @@ import { getHistory } from './history.js';
 import { purgeFinished } from './purge.js';
 import { cancelBatch, cancelExecution } from './cancel.js';
 import { getProgress, ProgressRelay } from './progress.js';
+import {
+  createSchedule,
+  deleteSchedule,
+  getSchedule,
+  listSchedules,
+  pauseSchedule,
+  resumeSchedule,
+  updateSchedule,
+} from './schedules.js';
 
 export interface PostgresEngineOptions {
   connectionString: string;
@@ -219,6 +230,27 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   getHistory(ids: readonly string[]) {
     return getHistory(this.pool, ids);
+  }
+  createSchedule(input: ScheduleInput) {
+    return createSchedule(this.pool, input);
+  }
+  updateSchedule(name: string, change: ScheduleChange) {
+    return updateSchedule(this.pool, name, change);
+  }
+  pauseSchedule(name: string) {
+    return pauseSchedule(this.pool, name);
+  }
+  resumeSchedule(name: string) {
+    return resumeSchedule(this.pool, name);
+  }
+  deleteSchedule(name: string) {
+    return deleteSchedule(this.pool, name);
+  }
+  listSchedules() {
+    return listSchedules(this.pool);
+  }
+  getSchedule(name: string) {
+    return getSchedule(this.pool, name);
   }
 
   async startActivator(options: ActivatorOptions): Promise<Closeable> {

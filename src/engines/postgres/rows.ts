@@ -106,5 +106,9 @@ export function filterSql(filter: ExecutionFilter, offset = 0): { where: string;
     params.push(filter.submittedBy);
     clauses.push(`e.submitted_by = $${offset + params.length}`);
   }
+  if (filter.schedule != null) {
+    params.push(filter.schedule);
+    clauses.push(`e.schedule_name = $${offset + params.length}`);
+  }
   return { where: clauses.length ? clauses.join(' and ') : 'true', params };
 }

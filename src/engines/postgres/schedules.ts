@@ -1,0 +1,165 @@
+import type pg from 'pg';
+import { EngineError, type Execution, type Schedule, type ScheduleChange, type ScheduleInput } from '../../engine.js';
+import {
+  checkCron,
+  changedSchedule,
+  checkScheduleName,
+  completeScheduleInput as complete,
+  nextRunAfter,
+  planFire,
+  toSchedule,
+  type CompleteScheduleInput as CompleteInput,
+  type DueSchedule,
+  type ScheduleRow,
+} from '../../schedules.js';
+import { callerRoles } from '../identity.js';
+import { mapDatabaseError } from './errors.js';
+import { checkArguments } from './invoke.js';
+import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
+
+async function inTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  let broken: Error | undefined;
+  try {
+    await client.query('begin');
+    const result = await fn(client);
+    await client.query('commit');
+    return result;
+  } catch (error) {
+    await client.query('rollback').catch((e) => (broken = e as Error));
+    throw mapDatabaseError(error);
+  } finally {
+    client.release(broken);
+  }
+}
+
+/**
+ * The checks of a submit, by a submit: asyncproc.submit run in a savepoint that is then
+ * rolled back, so a schedule is refused with exactly the codes invoke would give.
+ */
+async function dryRun(client: pg.ClientBase, s: CompleteInput): Promise<void> {
+  checkArguments({ procedure: s.procedure, arguments: s.arguments });
+  await client.query('savepoint schedule_check');
+  try {
+    await client.query(`select 1 from asyncproc.submit($1, $2::jsonb, $3, null, $4, null, true, caller_roles => $5::text[])`, [
+      s.procedure,
+      JSON.stringify(s.arguments),
+      s.queue,
+      s.maxAttempts,
+      callerRoles(s.callerRoles),
+    ]);
+  } finally {
+    await client.query('rollback to savepoint schedule_check');
+  }
+}
+
+export async function createSchedule(pool: pg.Pool, input: ScheduleInput): Promise<Schedule> {
+  checkScheduleName(input.name);
+  const s = complete(input);
+  checkCron(s.cron, s.timezone);
+  return inTransaction(pool, async (client) => {
+    await dryRun(client, s);
+    const { rows } = await client
+      .query<ScheduleRow>(
+        `insert into asyncproc.schedules (name, procedure, arguments, cron, timezone, queue, max_attempts, overlap, catch_up,
+                                          next_run_at, created_by)
+         values ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, $9, $10, $11) returning *`,
+        [s.name, s.procedure, JSON.stringify(s.arguments), s.cron, s.timezone, s.queue, s.maxAttempts, s.overlap, s.catchUp,
+          nextRunAfter(s.cron, s.timezone, new Date()), input.createdBy ?? null],
+      )
+      .catch((error) => {
+        if ((error as { code?: string }).code === '23505') throw new EngineError('BAD_USER_INPUT', `a schedule named "${s.name}" exists`);
+        throw error;
+      });
+    return toSchedule(rows[0]);
+  });
+}
+
+async function locked(client: pg.ClientBase, name: string): Promise<ScheduleRow> {
+  const { rows } = await client.query<ScheduleRow>('select * from asyncproc.schedules where name = $1 for update', [name]);
+  if (!rows.length) throw new EngineError('NOT_FOUND', `no schedule named "${name}"`);
+  return rows[0];
+}
+
+export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChange): Promise<Schedule> {
+  return inTransaction(pool, async (client) => {
+    const row = await locked(client, name);
+    const s = changedSchedule(toSchedule(row), change);
+    await dryRun(client, s);
+    const { rows } = await client.query<ScheduleRow>(
+      `update asyncproc.schedules
+          set procedure = $2, arguments = $3::jsonb, cron = $4, timezone = $5, queue = $6, max_attempts = $7, overlap = $8,
+              catch_up = $9, updated_at = clock_timestamp(),
+              -- the same cron and zone keep their next instant: an update at a fire's moment must not lose it
+              next_run_at = case when paused then null when cron = $4 and timezone = $5 then next_run_at else $10::timestamptz end
+        where name = $1 returning *`,
+      [name, s.procedure, JSON.stringify(s.arguments), s.cron, s.timezone, s.queue, s.maxAttempts, s.overlap, s.catchUp,
+        nextRunAfter(s.cron, s.timezone, new Date())],
+    );
+    return toSchedule(rows[0]);
+  });
+}
+
+export function pauseSchedule(pool: pg.Pool, name: string): Promise<Schedule> {
+  return inTransaction(pool, async (client) => {
+    await locked(client, name);
+    const { rows } = await client.query<ScheduleRow>(
+      `update asyncproc.schedules set paused = true, next_run_at = null, updated_at = clock_timestamp() where name = $1 returning *`,
+      [name],
+    );
+    return toSchedule(rows[0]);
+  });
+}
+
+/** Resumes from the next instant after now: instants passed while paused never fire. */
+export function resumeSchedule(pool: pg.Pool, name: string): Promise<Schedule> {
+  return inTransaction(pool, async (client) => {
+    const row = await locked(client, name);
+    if (!row.paused) return toSchedule(row);
+    const { rows } = await client.query<ScheduleRow>(
+      `update asyncproc.schedules set paused = false, next_run_at = $2, updated_at = clock_timestamp() where name = $1 returning *`,
+      [name, nextRunAfter(row.cron, row.timezone, new Date())],
+    );
+    return toSchedule(rows[0]);
+  });
+}
+
+export async function deleteSchedule(pool: pg.Pool, name: string): Promise<Schedule> {
+  const { rows } = await pool.query<ScheduleRow>('delete from asyncproc.schedules where name = $1 returning *', [name]);
+  if (!rows.length) throw new EngineError('NOT_FOUND', `no schedule named "${name}"`);
+  return toSchedule(rows[0]);
+}
+
+export async function listSchedules(pool: pg.Pool): Promise<Schedule[]> {
+  const { rows } = await pool.query<ScheduleRow>('select * from asyncproc.schedules order by name');
+  return rows.map(toSchedule);
+}
+
+export async function getSchedule(pool: pg.Pool, name: string): Promise<Schedule | null> {
+  const { rows } = await pool.query<ScheduleRow>('select * from asyncproc.schedules where name = $1', [name]);
+  return rows.length ? toSchedule(rows[0]) : null;
+}
+
+/**
+ * The activator's tick: plan every due schedule's fire with croner, then commit the fires
+ * in one statement (asyncproc.fire_due_schedules: each fire moves next_run_at and submits
+ * the call in one transaction, exactly once however many processes race). Returns the
+ * executions started (or failed at once, for a procedure gone since).
+ */
+export async function fireDueSchedules(pool: pg.Pool, now: Date = new Date()): Promise<Execution[]> {
+  const { rows: due } = await pool.query<{ name: string; cron: string; timezone: string; next_run_at: Date }>(
+    `select name, cron, timezone, next_run_at from asyncproc.schedules
+      where not paused and next_run_at <= $1 order by next_run_at limit 100`,
+    [now],
+  );
+  if (!due.length) return [];
+  const fires = due.map((row) => {
+    const schedule: DueSchedule = { name: row.name, cron: row.cron, timezone: row.timezone, nextRunAt: row.next_run_at };
+    return planFire(schedule, now);
+  });
+  const { rows } = await pool.query<ExecutionRow>(
+    `select ${EXECUTION_COLUMNS} from asyncproc.fire_due_schedules($1, $2::jsonb) e`,
+    [now, JSON.stringify(fires)],
+  );
+  return rows.map(toExecution);
+}

@@ -1,0 +1,144 @@
+/**
+ * Recurring schedules, the part both engines share: cron and time-zone checks, the next
+ * instant of a schedule (croner, which applies the zone's daylight-saving rules), and the
+ * plan of a fire that an engine then commits in one transaction (see
+ * sql/postgres/routines/fire_due_schedules.sql).
+ */
+import { Cron } from 'croner';
+import { EngineError, type Schedule, type ScheduleChange, type ScheduleInput } from './engine.js';
+
+/**
+ * A fire later than this after its instant counts as missed (the service was down), as
+ * does one whose following instant has passed too; missed fires collapse into one fire
+ * (catch-up ONCE) or none (SKIP). @default 60 s
+ */
+export const MISFIRE_GRACE_MS = 60_000;
+
+/** Schedule names: 1–128 of A-Z a-z 0-9 _ . : - (as queue names). */
+export const SCHEDULE_NAME = /^[A-Za-z0-9_.:-]{1,128}$/;
+
+function cronOf(cron: string, timezone: string): Cron {
+  // standard five fields, or six with seconds first; day-of-month OR day-of-week as in Vixie cron
+  return new Cron(cron, { timezone, mode: '5-or-6-parts', paused: true });
+}
+
+/** BAD_USER_INPUT unless `timezone` is an IANA time zone (or UTC) this runtime knows. */
+export function checkTimezone(timezone: string): void {
+  try {
+    new Intl.DateTimeFormat('en', { timeZone: timezone });
+  } catch (error) {
+    throw new EngineError('BAD_USER_INPUT', `unknown time zone "${timezone}"`, { cause: error });
+  }
+}
+
+/** BAD_USER_INPUT for a malformed cron expression or time zone, or one that never fires. */
+export function checkCron(cron: string, timezone: string): void {
+  checkTimezone(timezone);
+  let next: Date | null;
+  try {
+    next = cronOf(cron, timezone).nextRun();
+  } catch (error) {
+    throw new EngineError('BAD_USER_INPUT', `malformed cron expression "${cron}": ${(error as Error).message}`, { cause: error });
+  }
+  if (next === null) throw new EngineError('BAD_USER_INPUT', `cron expression "${cron}" never fires`);
+}
+
+export function checkScheduleName(name: string): void {
+  if (!SCHEDULE_NAME.test(name)) throw new EngineError('BAD_USER_INPUT', 'a schedule name is 1–128 characters of A-Z a-z 0-9 _ . : -');
+}
+
+/** The first instant of `cron` in `timezone` strictly after `after` (null: none). */
+export function nextRunAfter(cron: string, timezone: string, after: Date): Date | null {
+  return cronOf(cron, timezone).nextRun(after);
+}
+
+/** A due schedule as the engine read it. */
+export interface DueSchedule {
+  name: string;
+  cron: string;
+  timezone: string;
+  nextRunAt: Date;
+}
+
+/** What the fire transaction is told: move next_run_at from `due` to `next`, firing unless `missed` (and catch-up SKIP). */
+export interface PlannedFire {
+  name: string;
+  due: Date;
+  next: Date | null;
+  missed: boolean;
+}
+
+/**
+ * Plan a due schedule's fire at `now`. The next instant is the first after `now` (not after
+ * `due`): however many instants passed while nothing ran, one fire stands for them all.
+ */
+export function planFire(schedule: DueSchedule, now: Date): PlannedFire {
+  const following = nextRunAfter(schedule.cron, schedule.timezone, schedule.nextRunAt);
+  const missed = now.getTime() - schedule.nextRunAt.getTime() > MISFIRE_GRACE_MS || (following !== null && following <= now);
+  return { name: schedule.name, due: schedule.nextRunAt, next: nextRunAfter(schedule.cron, schedule.timezone, now), missed };
+}
+
+/** A schedule's row, as both engines store it (arguments parsed). */
+export interface ScheduleRow {
+  name: string;
+  procedure: string;
+  arguments: Record<string, unknown>;
+  cron: string;
+  timezone: string;
+  queue: string | null;
+  max_attempts: number | null;
+  overlap: Schedule['overlap'];
+  catch_up: Schedule['catchUp'];
+  paused: boolean;
+  next_run_at: Date | null;
+  last_run_at: Date | null;
+  created_at: Date;
+  created_by: string | null;
+}
+
+export function toSchedule(row: ScheduleRow): Schedule {
+  return {
+    name: row.name,
+    procedure: row.procedure,
+    arguments: row.arguments,
+    cron: row.cron,
+    timezone: row.timezone,
+    queue: row.queue,
+    maxAttempts: row.max_attempts,
+    overlap: row.overlap,
+    catchUp: row.catch_up,
+    paused: row.paused,
+    nextRunAt: row.next_run_at,
+    lastRunAt: row.last_run_at,
+    createdAt: row.created_at,
+    createdBy: row.created_by,
+  };
+}
+
+/** A schedule's input with its defaults filled in. */
+export type CompleteScheduleInput = Pick<Schedule, 'name' | 'procedure' | 'arguments' | 'cron' | 'timezone' | 'queue' | 'maxAttempts' | 'overlap' | 'catchUp'> & {
+  callerRoles: readonly string[] | null;
+};
+
+export function completeScheduleInput(input: ScheduleInput): CompleteScheduleInput {
+  return {
+    name: input.name,
+    procedure: input.procedure,
+    arguments: input.arguments,
+    cron: input.cron,
+    timezone: input.timezone ?? 'UTC',
+    queue: input.queue ?? null,
+    maxAttempts: input.maxAttempts ?? null,
+    overlap: input.overlap ?? 'ALLOW',
+    catchUp: input.catchUp ?? 'ONCE',
+    callerRoles: input.callerRoles ?? null,
+  };
+}
+
+
+/** A schedule with a change applied (fields left undefined keep their value), its cron and time zone checked. */
+export function changedSchedule(current: Schedule, change: ScheduleChange): CompleteScheduleInput {
+  const s = completeScheduleInput({ ...current, ...Object.fromEntries(Object.entries(change).filter(([, v]) => v !== undefined)) });
+  checkCron(s.cron, s.timezone);
+  return s;
+}

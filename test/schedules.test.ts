@@ -1,0 +1,200 @@
+/**
+ * Recurring schedules on PostgreSQL: exactly-once fires under racing processes, catch-up
+ * after a stop, a procedure gone since, and the next-time function across daylight saving.
+ */
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { fileURLToPath } from 'node:url';
+import { after, before, describe, it } from 'node:test';
+import type pg from 'pg';
+import { EngineError, type Closeable } from '../src/engine.js';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { fireDueSchedules } from '../src/engines/postgres/schedules.js';
+import { nextRunAfter, planFire } from '../src/schedules.js';
+import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+
+const at = (iso: string) => new Date(iso);
+const ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+describe('next run (croner)', () => {
+  it('runs 02:30 Europe/Berlin once on the spring-forward day, at 03:00 CEST, the first valid time after the gap', () => {
+    // 2026-03-29: clocks go from 02:00 CET to 03:00 CEST; 02:30 does not exist that day
+    assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-03-28T12:00:00Z')), at('2026-03-29T01:00:00Z'));
+    assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-03-29T01:00:00Z')), at('2026-03-30T00:30:00Z'));
+  });
+  it('runs 02:30 Europe/Berlin once on the fall-back day, though 02:30 happens twice', () => {
+    assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-10-24T12:00:00Z')), at('2026-10-25T00:30:00Z'));
+    assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-10-25T00:30:00Z')), at('2026-10-26T01:30:00Z'));
+  });
+  it('reads six fields as seconds first', () => {
+    assert.deepEqual(nextRunAfter('*/10 * * * * *', 'UTC', at('2026-01-01T00:00:01Z')), at('2026-01-01T00:00:10Z'));
+  });
+  it('plans one fire for many missed instants, and calls a late fire missed', () => {
+    const schedule = { name: 's', cron: '* * * * *', timezone: 'UTC', nextRunAt: at('2026-01-01T00:01:00Z') };
+    assert.deepEqual(planFire(schedule, at('2026-01-01T00:01:00.500Z')), {
+      name: 's',
+      due: at('2026-01-01T00:01:00Z'),
+      next: at('2026-01-01T00:02:00Z'),
+      missed: false,
+    });
+    const late = planFire(schedule, at('2026-01-01T03:07:30Z'));
+    assert.equal(late.missed, true);
+    assert.deepEqual(late.next, at('2026-01-01T03:08:00Z'), 'the next instant after now, not one per missed minute');
+  });
+});
+
+describe('schedules on PostgreSQL', () => {
+  let cluster: TestCluster;
+  let url: string;
+  let engine: PostgresEngine;
+  let sql: pg.Client;
+
+  before(async () => {
+    ({ cluster, url, engine, sql } = await startDemoDatabase());
+  });
+  after(async () => {
+    await sql?.end();
+    await engine?.close();
+    await cluster?.stop();
+  });
+
+  /** Executions of a schedule per scheduled instant (run_at). */
+  const firesPerInstant = async (name: string) =>
+    (
+      await sql.query<{ run_at: Date; n: number }>(
+        `select run_at, count(*)::int as n from asyncproc.executions where schedule_name = $1 group by run_at order by run_at`,
+        [name],
+      )
+    ).rows;
+
+  it('fires each instant exactly once while several processes race to fire it', async () => {
+    const others = Array.from({ length: 2 }, () => createPostgresEngine({ connectionString: url, tickMs: 50 }));
+    const name = 'race';
+    await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
+    const activators: Closeable[] = [];
+    try {
+      // two processes' activators ticking every 50 ms, two of each
+      for (const other of others) for (let i = 0; i < 2; i++) activators.push(await other.startActivator({ workerId: `race-${i}` }));
+      // and many direct fires at one instant, all reading the same due row
+      const deadline = Date.now() + 4000;
+      while (Date.now() < deadline) {
+        const now = new Date();
+        await Promise.all(others.flatMap((other) => Array.from({ length: 4 }, () => fireDueSchedules(other.pool, now))));
+        await sleep(100);
+      }
+    } finally {
+      for (const activator of activators) await activator.close();
+      for (const other of others) await other.close();
+    }
+    const fires = await firesPerInstant(name);
+    assert.ok(fires.length >= 3, `fired ${fires.length} instants in 4 s`);
+    assert.deepEqual(
+      fires.filter((f) => f.n !== 1),
+      [],
+      'every instant fired once',
+    );
+    await engine.deleteSchedule(name);
+  });
+
+  it('two worker processes fire each instant once; one killed (SIGKILL), the other goes on firing each instant once', async () => {
+    const name = 'two-processes';
+    const worker = (): ChildProcess =>
+      spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
+        cwd: ROOT,
+        env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
+        stdio: ['ignore', 'ignore', 'inherit'],
+      });
+    const stop = async (child: ChildProcess, signal: NodeJS.Signals) => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = once(child, 'exit');
+      child.kill(signal);
+      await exited;
+    };
+    const workers = [worker(), worker()];
+    try {
+      await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
+      await waitFor(async () => (await firesPerInstant(name)).length >= 3, 60_000, 'fires from the worker processes');
+      const killedAt = new Date();
+      await stop(workers[0], 'SIGKILL');
+      await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 3, 30_000, 'fires after the kill');
+      await engine.pauseSchedule(name);
+    } finally {
+      for (const child of workers) await stop(child, 'SIGTERM');
+    }
+    const fires = await firesPerInstant(name);
+    assert.deepEqual(
+      fires.filter((f) => f.n !== 1),
+      [],
+      'every instant fired once',
+    );
+    await engine.deleteSchedule(name);
+  });
+
+  for (const catchUp of ['ONCE', 'SKIP'] as const) {
+    it(`an instant missed while stopped fires ${catchUp === 'ONCE' ? 'once' : 'not at all'} at restart (catchUp ${catchUp})`, async () => {
+      const name = `stopped-${catchUp}`;
+      let activator = await engine.startActivator({ workerId: 'stopped' });
+      await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *', catchUp });
+      await waitFor(async () => (await firesPerInstant(name)).length >= 1, 10_000, 'a first fire');
+      await activator.close();
+      const stoppedAt = (await engine.getSchedule(name))!.nextRunAt!;
+      await sleep(3500); // three instants or more pass with nothing running
+      const restartedAt = new Date();
+      activator = await engine.startActivator({ workerId: 'stopped' });
+      try {
+        await waitFor(async () => (await engine.getSchedule(name))!.nextRunAt! > restartedAt, 10_000, 'the schedule to move past the restart');
+        await sleep(1500);
+      } finally {
+        await activator.close();
+      }
+      const missed = (await firesPerInstant(name)).filter((f) => f.run_at >= stoppedAt && f.run_at < restartedAt);
+      assert.deepEqual(
+        missed.map((f) => ({ at: f.run_at.toISOString(), n: f.n })),
+        catchUp === 'ONCE' ? [{ at: stoppedAt.toISOString(), n: 1 }] : [],
+      );
+      const later = (await firesPerInstant(name)).filter((f) => f.run_at >= restartedAt);
+      assert.ok(later.length >= 1, 'fires on time again after the restart');
+      await engine.deleteSchedule(name);
+    });
+  }
+
+  it('a fire of a procedure unregistered since fails visibly, as a FAILED execution of the schedule', async () => {
+    await sql.query(`create procedure public.gone(x integer) language plpgsql as $$ begin end $$`);
+    await engine.registerProcedure('public.gone');
+    const name = 'gone';
+    const schedule = await engine.createSchedule({ name, procedure: 'public.gone', arguments: { x: 1 }, cron: '0 0 1 1 *' });
+    await engine.unregisterProcedure('public.gone');
+    const fired = await fireDueSchedules(engine.pool, new Date(schedule.nextRunAt!.getTime() + 1000));
+    assert.equal(fired.length, 1);
+    const page = await engine.listExecutions({ schedule: name }, { first: 10 });
+    assert.deepEqual(
+      page.items.map((e) => [e.token, e.status, e.error?.number]),
+      [[fired[0].token, 'FAILED', 'AP001']],
+    );
+    assert.match(page.items[0].error!.message, /not registered/);
+    assert.ok((await engine.getSchedule(name))!.nextRunAt! > schedule.nextRunAt!, 'and the schedule moved on');
+    await engine.deleteSchedule(name);
+  });
+
+  it('an update that keeps the cron and zone keeps the due instant: it still fires', async () => {
+    const name = 'updated-when-due';
+    const created = await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: 'before' }, cron: '* * * * * *' });
+    await sleep(1500); // due now, and nothing running here fires it
+    const updated = await engine.updateSchedule(name, { arguments: { tag: 'after' } });
+    assert.deepEqual(updated.nextRunAt, created.nextRunAt);
+    const [fired] = await fireDueSchedules(engine.pool);
+    assert.deepEqual([fired?.runAt, fired?.arguments], [created.nextRunAt, { tag: 'after' }]);
+    await engine.deleteSchedule(name);
+  });
+
+  it('refuses a procedure the creator may not invoke (FORBIDDEN), as invoke does', async () => {
+    await sql.query(`create procedure public.guarded() language plpgsql as $$ begin end $$`);
+    await engine.registerProcedure('public.guarded', { roles: ['payroll'] });
+    await assert.rejects(
+      engine.createSchedule({ name: 'guarded', procedure: 'public.guarded', arguments: {}, cron: '* * * * *', callerRoles: ['sales'] }),
+      (e: unknown) => e instanceof EngineError && e.code === 'FORBIDDEN',
+    );
+    assert.equal(await engine.getSchedule('guarded'), null);
+  });
+});
