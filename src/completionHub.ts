@@ -60,9 +60,18 @@ const FEED_PAGE = 1000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
+function slowConsumer(limit: number): EngineError {
+  return new EngineError(
+    'SLOW_CONSUMER',
+    `this subscriber fell more than ${limit} changes behind and was stopped so the others are not held up; subscribe again with \`after\` set to the cursor of the last event received to get everything missed`,
+  );
+}
+
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
+  /** Feed changes one event stream may have waiting for its subscriber before it ends with SLOW_CONSUMER. @default 20000 */
+  maxQueued?: number;
 }
 
 /**
@@ -85,6 +94,8 @@ export class CompletionHub implements ListenerSink, Closeable {
   private poller: NodeJS.Timeout | null = null;
   private closed = false;
   private failures = 0;
+  /** A live batch's events by the position a stream stood at: streams in step share the event objects (fanout.ts). */
+  private readonly shared = new WeakMap<FeedBatch, Map<string, ExecutionEvent[]>>();
 
   constructor(
     private readonly engine: Engine,
@@ -286,24 +297,38 @@ export class CompletionHub implements ListenerSink, Closeable {
       let covered: Snapshot;
       let stopped = false;
       /** Hand out one batch's matching changes, each with the position right after it. */
-      const emit = async (batch: FeedBatch) => {
+      const emit = async (batch: FeedBatch, events: ExecutionEvent[] = []) => {
         const { upper, changes, through } = batch;
         const start = covered;
         for (let j = 0; j < changes.length && !stopped; j++) {
           const change = changes[j];
           if (sees(start, change.writer) || !matches(filter, change.execution) || !delivered.admit(change)) continue;
           const bound = j + 1 < changes.length ? changes[j + 1].writer : through;
-          await push({
-            cursor: formatSnapshot(extend(start, upper, bound)),
-            status: change.execution.status,
-            execution: change.execution,
-          });
+          await push(
+            (events[j] ??= {
+              cursor: formatSnapshot(extend(start, upper, bound)),
+              status: change.execution.status,
+              execution: change.execution,
+            }),
+          );
         }
         covered = extend(start, upper, through);
       };
+      /** Live batches handed out and not yet emitted, in changes: bounded, so a stalled subscriber cannot hold the feed in memory. */
+      let queued = 0;
+      const maxQueued = this.options.maxQueued ?? 20_000;
       let chain: Promise<void> = Promise.resolve();
       const enqueue = (batch: FeedBatch) => {
-        chain = chain.then(() => emit(batch)).catch((error) => this.logger.warn({ err: toError(error) }, 'event stream failed'));
+        queued += batch.changes.length;
+        if (queued > maxQueued && !stopped) {
+          stopped = true;
+          void stop(slowConsumer(maxQueued));
+          return;
+        }
+        chain = chain
+          .then(() => emit(batch, this.sharedEvents(batch, covered)))
+          .catch((error) => this.logger.warn({ err: toError(error) }, 'event stream failed'))
+          .finally(() => (queued -= batch.changes.length));
       };
       // batches the feed hands out while the replay runs wait for it
       let buffered: FeedBatch[] | null = [];
@@ -330,6 +355,16 @@ export class CompletionHub implements ListenerSink, Closeable {
         this.streams.delete(stream);
       }
     });
+  }
+
+  /** The events of a live batch for streams standing at `start`, shared by all of them. */
+  private sharedEvents(batch: FeedBatch, start: Snapshot): ExecutionEvent[] {
+    let byStart = this.shared.get(batch);
+    if (!byStart) this.shared.set(batch, (byStart = new Map()));
+    const key = formatSnapshot(start);
+    let events = byStart.get(key);
+    if (!events) byStart.set(key, (events = []));
+    return events;
   }
 
   /**
