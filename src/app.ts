@@ -68,7 +68,6 @@ function edgeOptions(config: Config): Partial<ServerOptions> {
     suggestions: config.ASYNCPROC_SUGGESTIONS,
     corsOrigins: config.ASYNCPROC_CORS_ORIGINS,
     maxSubscriptionsPerConnection: config.ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION,
-    maxSubscriberBacklogBytes: config.ASYNCPROC_MAX_SUBSCRIBER_BACKLOG_BYTES,
     operationLimits: {
       maxDepth: config.ASYNCPROC_MAX_DEPTH,
       maxAliases: config.ASYNCPROC_MAX_ALIASES,

@@ -1,5 +1,5 @@
 import { Repeater } from 'graphql-yoga';
-import { EventQueue } from './fanout.js';
+import { EventQueue } from './eventQueue.js';
 import { extend, formatSnapshot, parseSnapshot, sees, union, type Snapshot } from './changeCursor.js';
 import {
   EngineError,
@@ -95,7 +95,7 @@ export class CompletionHub implements ListenerSink, Closeable {
   private poller: NodeJS.Timeout | null = null;
   private closed = false;
   private failures = 0;
-  /** A live batch's events by the position a stream stood at: streams in step share the event objects (fanout.ts). */
+  /** A live batch's events by the position a stream stood at: streams in step share them (one cursor to compute, one object). */
   private readonly shared = new WeakMap<FeedBatch, Map<string, ExecutionEvent[]>>();
 
   constructor(

@@ -69,9 +69,7 @@ const schema = z.object({
   ASYNCPROC_MAX_COST: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxCost),
   /** Subscriptions one graphql-ws connection may hold at once. */
   ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION: positiveInt.default(100),
-  /** Bytes a graphql-ws socket may hold unread before its next event ends the subscription with SLOW_CONSUMER. */
-  ASYNCPROC_MAX_SUBSCRIBER_BACKLOG_BYTES: positiveInt.default(8 * 1024 * 1024),
-  /** Events the hub may hold for one subscription its transport does not take (SSE) before it ends it with SLOW_CONSUMER. */
+  /** Feed changes the hub may hold for one event stream whose subscriber does not take them before it ends it with SLOW_CONSUMER. */
   ASYNCPROC_MAX_SUBSCRIBER_QUEUE: positiveInt.default(20_000),
   /** Origins allowed cross-origin (comma-separated; `*` for any). Default: closed when authentication is required, open in development. */
   ASYNCPROC_CORS_ORIGINS: z

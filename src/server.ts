@@ -16,7 +16,6 @@ import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
-import { backlogOf, coalescingWrites, slowConsumerError, useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { schema, type Context, type Limits } from './schema/index.js';
@@ -49,8 +48,6 @@ export interface ServerOptions {
   operationLimits?: Partial<OperationLimits>;
   /** Subscriptions one graphql-ws connection may hold. @default 100 */
   maxSubscriptionsPerConnection?: number;
-  /** Unread bytes a graphql-ws socket may hold before its next event ends that subscription with SLOW_CONSUMER. @default 8 MiB */
-  maxSubscriberBacklogBytes?: number;
 }
 
 export interface RunningServer {
@@ -134,7 +131,6 @@ export function createYogaApp(options: ServerOptions) {
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
-      useSharedEventExecution(),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
   });
@@ -156,11 +152,10 @@ export async function startServer(options: ServerOptions & { port: number; host?
     server,
     path: yoga.graphqlEndpoint,
     maxPayload: options.maxBodyBytes ?? 1024 * 1024,
-    WebSocket: coalescingWrites(socketClass(options.logger)),
+    WebSocket: socketClass(options.logger),
   });
   const { auth } = options;
   const maxConnections = options.maxConnectionsPerCaller ?? 20;
-  const maxBacklog = options.maxSubscriberBacklogBytes ?? 8 * 1024 * 1024;
   /** Open graphql-ws connections by caller (auth required only: anonymous callers are one). */
   const connections = new Map<string, number>();
   type Extra = { request: IncomingMessage; principal?: Principal; counted?: string };
@@ -202,10 +197,6 @@ export async function startServer(options: ServerOptions & { port: number; host?
         const open = (connections.get(key) ?? 1) - 1;
         if (open > 0) connections.set(key, open);
         else connections.delete(key);
-      },
-      // sends do not wait for the peer (fanout.ts): a subscriber it cannot keep up with is stopped, not waited for
-      onNext: (ctx) => {
-        if (backlogOf((ctx.extra as Extra & { socket: WebSocket }).socket) > maxBacklog) throw slowConsumerError(maxBacklog);
       },
       onSubscribe: async (ctx, _id, params) => {
         const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
