@@ -5,6 +5,9 @@
  *   invoke rate   GraphQL `invoke` mutations/s from 10 concurrent HTTP clients
  *   drain rate    20,000 queued no-op calls run at concurrency 10
  *   latency       mutation response → executionCompleted at a graphql-ws subscriber, 500 sequential calls
+ *   fan-out       N executionEvents subscribers (graphql-ws) while 3,000 no-op calls run (bench/fanout.ts):
+ *                 events/s delivered, last delivery after the last completion; BENCH_FANOUT=1,10,50,200
+ *                 (sizes, '' to skip), BENCH_FANOUT_CALLS=3000. No peer: graphile-worker has no subscriptions.
  *
  * BENCH_SOAK=<seconds> runs bench/soak.ts instead: a steady load, memory and database size every minute.
  */
@@ -20,12 +23,15 @@ import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
 import { createPostgresEngine } from '../src/engines/postgres/index.js';
 import { silentLogger } from '../src/logger.js';
 import { freePort } from '../test/support/database.js';
+import { describeFanout, runFanout } from './fanout.js';
 
 const DRAIN = Number(process.env.BENCH_DRAIN ?? 20_000);
 const INVOKES = Number(process.env.BENCH_INVOKES ?? 5_000);
 const LATENCY = Number(process.env.BENCH_LATENCY ?? 500);
 const CONCURRENCY = 10;
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
+const FANOUT = (process.env.BENCH_FANOUT ?? '1,10,50,200').split(',').filter(Boolean).map(Number);
+const FANOUT_CALLS = Number(process.env.BENCH_FANOUT_CALLS ?? 3000);
 
 const report = (what: string, ours: string, peer = '') =>
   console.log(`  ${what}: ${ours}${peer ? `\n      graphile-worker: ${peer}` : ''}`);
@@ -137,7 +143,7 @@ async function drainGraphileWorker(url: string): Promise<Drain> {
 
 async function benchService(url: string) {
   // the service as deployed: GraphQL server, listener and worker pool in one process
-  const config = loadConfig({ DATABASE_URL: url, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent' });
+  const config = loadConfig({ DATABASE_URL: url, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent', ASYNCPROC_AUTH: 'none' });
   const app = await startApp(config, silentLogger);
   const endpoint = app.server!.url;
   const invoke = async () => {
@@ -212,6 +218,13 @@ async function main() {
       `mutation response → executionCompleted (graphql-ws), ${LATENCY} sequential`,
       `p50 ${percentile(ours.latencies, 50).toFixed(1)} ms, p95 ${percentile(ours.latencies, 95).toFixed(1)} ms, p99 ${percentile(ours.latencies, 99).toFixed(1)} ms`,
     );
+    if (FANOUT.length) {
+      console.log(`  executionEvents fan-out, ${FANOUT_CALLS} no-op calls (no peer: graphile-worker has no subscriptions):`);
+      for (const [i, n] of FANOUT.entries()) {
+        await query(server.url, `create database bench_fanout_${i}`);
+        console.log(`    ${describeFanout(await runFanout(server.url.replace(/\/postgres$/, `/bench_fanout_${i}`), n, FANOUT_CALLS))}`);
+      }
+    }
   } finally {
     await server.stop();
     await rm(dir, { recursive: true, force: true });

@@ -97,7 +97,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
   }
   const rate = config.ASYNCPROC_RATE_LIMIT ?? (auth.required ? 20 : 0);
   const parts: Closeable[] = [];
-  const hub = new CompletionHub(engine, logger);
+  const hub = new CompletionHub(engine, logger, { maxQueued: config.ASYNCPROC_MAX_SUBSCRIBER_QUEUE });
   try {
     await hub.start();
     parts.push(hub);

@@ -1,4 +1,5 @@
 import { Repeater } from 'graphql-yoga';
+import { EventQueue } from './eventQueue.js';
 import { extend, formatSnapshot, parseSnapshot, sees, union, type Snapshot } from './changeCursor.js';
 import {
   EngineError,
@@ -97,6 +98,13 @@ export interface HubObserver {
   onListenerError?(): void;
 }
 
+function slowConsumer(limit: number): EngineError {
+  return new EngineError(
+    'SLOW_CONSUMER',
+    `this subscriber fell more than ${limit} changes behind and was stopped so the others are not held up; subscribe again with \`after\` set to the cursor of the last event received to get everything missed`,
+  );
+}
+
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
@@ -105,6 +113,8 @@ export interface CompletionHubOptions {
    * ends: a worker writes a call's last report up to its throttle interval (250 ms) late. @default 500
    */
   progressSettleMs?: number;
+  /** Feed changes one event stream may have waiting for its subscriber before it ends with SLOW_CONSUMER. @default 20000 */
+  maxQueued?: number;
 }
 
 /**
@@ -134,6 +144,8 @@ export class CompletionHub implements ListenerSink, Closeable {
   heardAt: number | null = null;
   /** Date.now() when the feed was last read, or its position last moved, successfully (null: not yet). */
   feedReadAt: number | null = null;
+  /** A live batch's events by the position a stream stood at: streams in step share them (one cursor to compute, one object). */
+  private readonly shared = new WeakMap<FeedBatch, Map<string, ExecutionEvent[]>>();
 
   constructor(
     private readonly engine: Engine,
@@ -403,57 +415,85 @@ export class CompletionHub implements ListenerSink, Closeable {
   events(filter: ExecutionFilter, after: string | null): AsyncIterableIterator<ExecutionEvent> {
     const floor = after === null ? null : parseSnapshot(after);
     if (after !== null && !floor) throw new EngineError('BAD_USER_INPUT', `malformed cursor "${after.slice(0, 100)}"`);
-    return new Repeater<ExecutionEvent>(async (push, stop) => {
-      const delivered = new Delivered();
-      /** What this subscriber has been given (or did not ask for): set before anything is emitted. */
-      let covered: Snapshot;
-      let stopped = false;
-      /** Hand out one batch's matching changes, each with the position right after it. */
-      const emit = async (batch: FeedBatch) => {
-        const { upper, changes, through } = batch;
-        const start = covered;
-        for (let j = 0; j < changes.length && !stopped; j++) {
-          const change = changes[j];
-          if (sees(start, change.writer) || !matches(filter, change.execution) || !delivered.admit(change)) continue;
-          const bound = j + 1 < changes.length ? changes[j + 1].writer : through;
-          await push({
+    const queue = new EventQueue<ExecutionEvent>();
+    const stopped = () => queue.isClosed || this.closed;
+    const delivered = new Delivered();
+    /** What this subscriber has been given (or did not ask for): set before anything is emitted. */
+    let covered: Snapshot;
+    /** Hand out one batch's matching changes, each with the position right after it. */
+    const emit = (batch: FeedBatch, events: ExecutionEvent[] = []) => {
+      const { upper, changes, through } = batch;
+      const start = covered;
+      for (let j = 0; j < changes.length && !queue.isClosed; j++) {
+        const change = changes[j];
+        if (sees(start, change.writer) || !matches(filter, change.execution) || !delivered.admit(change)) continue;
+        const bound = j + 1 < changes.length ? changes[j + 1].writer : through;
+        queue.push(
+          (events[j] ??= {
             cursor: formatSnapshot(extend(start, upper, bound)),
             status: change.execution.status,
             execution: change.execution,
-          });
-          this.observer.onDelivered?.(1);
-        }
-        covered = extend(start, upper, through);
-      };
-      let chain: Promise<void> = Promise.resolve();
-      const enqueue = (batch: FeedBatch) => {
-        chain = chain.then(() => emit(batch)).catch((error) => this.logger.warn({ err: toError(error) }, 'event stream failed'));
-      };
-      // batches the feed hands out while the replay runs wait for it
-      let buffered: FeedBatch[] | null = [];
-      const stream: EventStream = { receive: (batch) => (buffered ? buffered.push(batch) : enqueue(batch)) };
-      this.streams.add(stream);
-      this.epoch++;
-      void stop.then(() => (stopped = true));
+          }),
+        );
+        this.observer.onDelivered?.(1);
+      }
+      covered = extend(start, upper, through);
+    };
+    const maxQueued = this.options.maxQueued ?? 20_000;
+    // batches the feed hands out while the replay runs wait for it
+    let buffered: FeedBatch[] | null = [];
+    let bufferedChanges = 0;
+    const stream: EventStream = {
+      receive: (batch) => {
+        if (buffered) {
+          buffered.push(batch);
+          bufferedChanges += batch.changes.length;
+        } else emit(batch, this.sharedEvents(batch, covered));
+        // the feed is shared: a subscriber that does not take its events is stopped, never waited for
+        if (queue.length + bufferedChanges > maxQueued) queue.end(slowConsumer(maxQueued));
+      },
+    };
+    this.streams.add(stream);
+    this.epoch++;
+    void (async () => {
       try {
         // read after joining the feed: what the feed hands out from now on is past `upper` or seen by it
-        const upper = await this.untilRead(() => this.engine.currentPosition(), () => stopped);
-        if (upper) {
-          covered = floor ?? upper;
-          if (floor) {
-            // everything `upper` sees and `floor` does not, matching the filter
-            const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), () => stopped);
-            for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper)) await emit(batch);
+        const upper = await this.untilRead(() => this.engine.currentPosition(), stopped);
+        if (!upper) return;
+        covered = floor ?? upper;
+        if (floor) {
+          // everything `upper` sees and `floor` does not, matching the filter; a page at a time as the subscriber takes them
+          const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), stopped);
+          for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper)) {
+            emit(batch);
+            await queue.drained(REPLAY_PAGE);
+            if (stopped()) return;
           }
-          for (const batch of buffered.splice(0)) enqueue(batch);
-          buffered = null;
-          await stop;
         }
+        for (const batch of buffered.splice(0)) emit(batch, this.sharedEvents(batch, covered));
+        buffered = null;
+        bufferedChanges = 0;
+        await queue.closed;
+      } catch (error) {
+        this.logger.warn({ err: toError(error) }, 'event stream failed');
+        queue.end(toError(error));
       } finally {
-        stopped = true;
         this.streams.delete(stream);
+        // the stream ends when its producer does (an ended queue ignores this)
+        queue.end();
       }
-    });
+    })();
+    return queue;
+  }
+
+  /** The events of a live batch for streams standing at `start`, shared by all of them. */
+  private sharedEvents(batch: FeedBatch, start: Snapshot): ExecutionEvent[] {
+    let byStart = this.shared.get(batch);
+    if (!byStart) this.shared.set(batch, (byStart = new Map()));
+    const key = formatSnapshot(start);
+    let events = byStart.get(key);
+    if (!events) byStart.set(key, (events = []));
+    return events;
   }
 
   /**

@@ -69,6 +69,8 @@ const schema = z.object({
   ASYNCPROC_MAX_COST: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxCost),
   /** Subscriptions one graphql-ws connection may hold at once. */
   ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION: positiveInt.default(100),
+  /** Feed changes the hub may hold for one event stream whose subscriber does not take them before it ends it with SLOW_CONSUMER. */
+  ASYNCPROC_MAX_SUBSCRIBER_QUEUE: positiveInt.default(20_000),
   /** Origins allowed cross-origin (comma-separated; `*` for any). Default: closed when authentication is required, open in development. */
   ASYNCPROC_CORS_ORIGINS: z
     .string()

@@ -430,7 +430,9 @@ export type EngineErrorCode =
   | 'FORBIDDEN'
   | 'PAYLOAD_TOO_LARGE'
   /** cancelExecution on an execution that already ended. */
-  | 'ALREADY_FINISHED';
+  | 'ALREADY_FINISHED'
+  /** An event stream whose subscriber fell too far behind was ended; resume from the last cursor with `after`. */
+  | 'SLOW_CONSUMER';
 
 export class EngineError extends Error {
   constructor(

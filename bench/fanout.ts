@@ -1,0 +1,136 @@
+/**
+ * The fan-out case of `npm run bench`: N graphql-ws subscribers of `executionEvents` (no filter,
+ * one socket each, in a child process) while CALLS no-op calls are submitted (invokeMany, 100 a
+ * mutation) and run. Per subscriber: when its last event arrived against the last completion (the
+ * largest finishedAt); for the service: events delivered per second.
+ *
+ * Alone, for a profile of the service's side:
+ *   BENCH_FANOUT=50 node --cpu-prof --cpu-prof-dir=/tmp/prof --import tsx bench/fanout.ts
+ */
+import { fork } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { chmod, mkdtemp, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { startApp } from '../src/app.js';
+import { loadConfig } from '../src/config.js';
+import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
+import { silentLogger } from '../src/logger.js';
+import { freePort } from '../test/support/database.js';
+
+export interface FanoutRun {
+  subscribers: number;
+  calls: number;
+  /** Events all subscribers received. */
+  events: number;
+  /** Events delivered per second, from the first submit to the last arrival. */
+  rate: number;
+  /** Last arrival at any subscriber − the last completion (ms). */
+  delayMs: number;
+  /** Last arrival − the last submit (ms), and the last completion − the last submit. */
+  afterSubmitMs: number;
+  drainMs: number;
+  /** The median subscriber's last arrival − the last completion (ms). */
+  medianDelayMs: number;
+  /** Calls some subscriber never heard finish, and finishes heard twice. */
+  missing: number;
+  repeats: number;
+  errors: string[];
+}
+
+/** One run against a service on `databaseUrl` (migrated by the service itself). */
+export async function runFanout(databaseUrl: string, subscribers: number, calls: number): Promise<FanoutRun> {
+  const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent', ASYNCPROC_AUTH: 'none', ASYNCPROC_DEMO: 'true' });
+  const app = await startApp(config, silentLogger);
+  const endpoint = app.server!.url;
+  const gql = async (query: string, variables?: Record<string, unknown>) => {
+    const response = await fetch(endpoint, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query, variables }) });
+    const body = (await response.json()) as { data?: any; errors?: unknown[] };
+    if (body.errors) throw new Error(JSON.stringify(body.errors));
+    return body.data;
+  };
+  try {
+    const after = (await gql('{ changeCursor }')).changeCursor as string;
+    const child = fork(fileURLToPath(new URL('./fanoutClients.mjs', import.meta.url)), [JSON.stringify({ url: endpoint, subscribers, after, timeoutMs: 120_000 })], {
+      execArgv: [],
+    });
+    const messages: any[] = [];
+    let wake: (() => void) | null = null;
+    child.on('message', (message) => {
+      messages.push(message);
+      wake?.();
+    });
+    const next = () => new Promise<any>((resolve) => {
+      const take = () => (messages.length ? resolve(messages.shift()) : (wake = take));
+      take();
+    });
+    await next(); // ready: the sockets are opening
+    await waitForSubscribers(app.hub!, subscribers);
+    const tokens: string[] = [];
+    const t0 = Date.now();
+    for (let n = 0; n < calls; n += 100) {
+      const inputs = Array.from({ length: Math.min(100, calls - n) }, () => ({ procedure: 'demo.noop' }));
+      const data = await gql('mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }', { i: inputs });
+      tokens.push(...data.invokeMany.executions.map((e: { token: string }) => e.token));
+    }
+    const lastSubmit = Date.now();
+    child.send({ expect: tokens });
+    const { results } = (await next()) as { results: { events: number; last: number; missing: number; repeats: number; errors: string[] }[] };
+    const client = new pg.Client({ connectionString: databaseUrl });
+    await client.connect();
+    const { rows } = await client.query(`select (extract(epoch from max(finished_at)) * 1000)::float8 as at from asyncproc.executions where token = any($1::uuid[])`, [tokens]);
+    await client.end();
+    const lastFinish = Number(rows[0].at);
+    const lasts = results.map((r) => r.last).sort((a, b) => a - b);
+    const events = results.reduce((sum, r) => sum + r.events, 0);
+    return {
+      subscribers,
+      calls,
+      events,
+      rate: events / ((lasts.at(-1)! - t0) / 1000),
+      delayMs: lasts.at(-1)! - lastFinish,
+      afterSubmitMs: lasts.at(-1)! - lastSubmit,
+      drainMs: lastFinish - lastSubmit,
+      medianDelayMs: lasts[Math.floor(lasts.length / 2)] - lastFinish,
+      missing: results.reduce((sum, r) => sum + r.missing, 0),
+      repeats: results.reduce((sum, r) => sum + r.repeats, 0),
+      errors: results.flatMap((r) => r.errors).slice(0, 5),
+    };
+  } finally {
+    await app.stop();
+  }
+}
+
+async function waitForSubscribers(hub: { size: number }, n: number): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  while (hub.size < n) {
+    if (Date.now() > deadline) throw new Error(`only ${hub.size} of ${n} subscribers joined`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+export const describeFanout = (r: FanoutRun) =>
+  `${r.subscribers} subscribers: ${r.events} events, ${r.rate.toFixed(0)} events/s, last delivery ${(r.delayMs / 1000).toFixed(2)} s after the last completion (median subscriber ${(r.medianDelayMs / 1000).toFixed(2)} s); ` +
+  `last completion ${(r.drainMs / 1000).toFixed(2)} s and last delivery ${(r.afterSubmitMs / 1000).toFixed(2)} s after the last submit` +
+  (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '');
+
+if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
+  const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-fanout-'));
+  await chmod(dir, 0o755);
+  const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
+  try {
+    const sizes = (process.env.BENCH_FANOUT ?? '50').split(',').map(Number);
+    const calls = Number(process.env.BENCH_FANOUT_CALLS ?? 3000);
+    for (const [i, n] of sizes.entries()) {
+      const admin = new pg.Client({ connectionString: server.url });
+      await admin.connect();
+      await admin.query(`create database fanout_${i}`);
+      await admin.end();
+      console.log(describeFanout(await runFanout(server.url.replace(/\/postgres$/, `/fanout_${i}`), n, calls)));
+    }
+  } finally {
+    await server.stop();
+    await rm(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,158 @@
+/**
+ * Fan-out to many subscribers: a subscriber that stops reading its socket is stopped with
+ * SLOW_CONSUMER once the hub holds more than its bound for it, never waited for; the others hear every
+ * event meanwhile, and the stalled one, resuming from its last cursor, misses nothing.
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import WebSocket from 'ws';
+import { CompletionHub } from '../src/completionHub.js';
+import { EngineError, type ExecutionEvent } from '../src/engine.js';
+import { silentLogger } from '../src/logger.js';
+import { startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
+
+let db: DemoDatabase;
+let t: TestApp;
+/** Changes a stream may hold for its subscriber. */
+const QUEUE = 300;
+
+before(async () => {
+  db = await startDemoDatabase();
+  t = await startTestApp(db.url, { ASYNCPROC_MAX_SUBSCRIBER_QUEUE: String(QUEUE) });
+});
+
+after(async () => {
+  await t?.stop();
+  await db?.engine.close();
+  await db?.sql.end();
+  await db?.cluster.stop();
+});
+
+const EVENTS = `subscription($f: ExecutionFilter, $after: String) {
+  executionEvents(filter: $f, after: $after) { cursor status execution { token status arguments } } }`;
+
+interface Heard {
+  /** SUCCEEDED events per token. */
+  succeeded: Map<string, number>;
+  cursor: string | null;
+  errors: { message: string; extensions?: { code?: string } }[];
+}
+
+function hear(heard: Heard, event: { cursor: string; status: string; execution: { token: string } }): void {
+  if (event.status === 'SUCCEEDED') heard.succeeded.set(event.execution.token, (heard.succeeded.get(event.execution.token) ?? 0) + 1);
+  heard.cursor = event.cursor;
+}
+
+/** A graphql-transport-ws client by hand, so that the test can stop reading its TCP socket. */
+async function rawSubscriber(url: string, variables: Record<string, unknown>) {
+  const socket = new WebSocket(url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+  const heard: Heard = { succeeded: new Map(), cursor: null, errors: [] };
+  let ended = false;
+  const acked = new Promise<void>((resolve, reject) => {
+    socket.on('error', reject);
+    socket.on('message', (data) => {
+      const message = JSON.parse(String(data));
+      if (message.type === 'connection_ack') resolve();
+      else if (message.type === 'next') hear(heard, message.payload.data.executionEvents);
+      else if (message.type === 'error') heard.errors.push(...message.payload);
+      else if (message.type === 'complete') ended = true;
+    });
+  });
+  await new Promise((resolve) => socket.once('open', resolve));
+  socket.send(JSON.stringify({ type: 'connection_init' }));
+  await acked;
+  socket.send(JSON.stringify({ id: '1', type: 'subscribe', payload: { query: EVENTS, variables } }));
+  const tcp = (socket as unknown as { _socket: import('node:net').Socket })._socket;
+  return { socket, heard, tcp, ended: () => ended };
+}
+
+describe('a stalled executionEvents subscriber', () => {
+  it('is stopped with SLOW_CONSUMER past its queue bound while the others hear every event; resuming from its last cursor it misses nothing', async () => {
+    const filter = { procedure: 'demo.record' };
+    const start = (await t.gql(`{ changeCursor }`)).body.data.changeCursor;
+    const streams = t.app.hub!.size;
+    const others = Array.from({ length: 3 }, () => {
+      const heard: Heard = { succeeded: new Map(), cursor: null, errors: [] };
+      const iterator = t.ws().iterate({ query: EVENTS, variables: { f: filter, after: start } });
+      const reading = (async () => {
+        for await (const result of iterator as AsyncIterable<any>) {
+          if (result.errors) heard.errors.push(...result.errors);
+          else hear(heard, result.data.executionEvents);
+        }
+      })();
+      return { heard, iterator, reading };
+    });
+    const stalled = await rawSubscriber(t.url, { f: filter, after: start });
+    await waitFor(async () => t.app.hub!.size === streams + 4, 15_000, 'four subscriptions');
+    // the stalled client stops reading: what the server sends it piles up in the kernel, then in the server
+    stalled.tcp.pause();
+
+    // each event carries ~8 KB of arguments: 600 calls × 3 events is far more than the kernel's socket buffers
+    const total = 600;
+    const tokens: string[] = [];
+    const tag = 'x'.repeat(8000);
+    for (let n = 0; n < total; n += 50) {
+      const inputs = Array.from({ length: 50 }, (_, i) => ({ procedure: 'demo.record', arguments: { tag: `${n + i}-${tag}` } }));
+      const { body } = await t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, { i: inputs });
+      assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+      tokens.push(...body.data.invokeMany.executions.map((e: { token: string }) => e.token));
+    }
+
+    // while it is stalled: the others hear every completion, and its subscription has ended on the server
+    await waitFor(async () => others.every((o) => tokens.every((token) => o.heard.succeeded.has(token))), 120_000, 'the others to hear every completion');
+    await waitFor(async () => t.app.hub!.size === streams + 3, 30_000, 'the stalled subscription to be stopped');
+    assert.ok(stalled.tcp.isPaused(), 'the stalled client was still stalled');
+    for (const [i, other] of others.entries()) {
+      assert.deepEqual(other.heard.errors, [], `subscriber ${i}`);
+      assert.equal([...other.heard.succeeded.values()].filter((n) => n !== 1).length, 0, `subscriber ${i} heard a completion twice`);
+    }
+
+    // reading again, it gets what was sent before the bound was passed, then SLOW_CONSUMER
+    stalled.tcp.resume();
+    await waitFor(async () => stalled.heard.errors.length > 0, 30_000, 'the SLOW_CONSUMER error');
+    assert.equal(stalled.heard.errors[0].extensions?.code, 'SLOW_CONSUMER', JSON.stringify(stalled.heard.errors));
+    assert.ok(stalled.heard.succeeded.size < total, `the stalled client heard ${stalled.heard.succeeded.size} of ${total} before it was stopped`);
+    stalled.socket.close();
+
+    // from its last cursor it gets everything it missed: every completion heard, a repeat only where
+    // the cursor fell between two changes of one transaction (at most one for one resume)
+    const resumed = t.ws().iterate({ query: EVENTS, variables: { f: { ...filter, status: ['SUCCEEDED'] }, after: stalled.heard.cursor ?? start } });
+    const missing = tokens.filter((token) => !stalled.heard.succeeded.has(token)).length;
+    for (const result of await collect(resumed as AsyncIterableIterator<any>, missing, 60_000)) {
+      assert.equal(result.errors, undefined, JSON.stringify(result.errors));
+      hear(stalled.heard, result.data.executionEvents);
+    }
+    await waitFor(async () => tokens.every((token) => stalled.heard.succeeded.has(token)), 30_000, 'the resumed client to hear every completion');
+    const repeats = [...stalled.heard.succeeded.values()].reduce((sum, n) => sum + n - 1, 0);
+    assert.ok(repeats <= 1, `${repeats} completions heard twice across one resume`);
+    for (const other of others) await other.iterator.return?.();
+  });
+});
+
+describe('an event stream whose subscriber does not pull (any transport)', () => {
+  it('holds at most its bound of queued changes, then ends with SLOW_CONSUMER after what it holds', async () => {
+    const hub = new CompletionHub(db.engine, silentLogger, { pollMs: 50, maxQueued: 100 });
+    await hub.start();
+    try {
+      const iterator = hub.events({ status: null, procedure: 'demo.noop', queue: null, submittedBy: null }, null);
+      await waitFor(async () => hub.size === 1, 5000, 'the stream to join');
+      await t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, {
+        i: Array.from({ length: 300 }, () => ({ procedure: 'demo.noop' })),
+      });
+      // nobody pulls: past the bound the stream leaves the hub, holding what it had
+      await waitFor(async () => hub.size === 0, 30_000, 'the stream to be stopped');
+      const events: ExecutionEvent[] = [];
+      let error: unknown;
+      try {
+        for await (const event of iterator) events.push(event);
+      } catch (caught) {
+        error = caught;
+      }
+      assert.ok(error instanceof EngineError && error.code === 'SLOW_CONSUMER', String(error));
+      assert.ok(events.length > 0 && events.length <= 100 + 300, `${events.length} events held`);
+    } finally {
+      await hub.close();
+    }
+  });
+});
