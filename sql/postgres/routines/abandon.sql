@@ -30,13 +30,13 @@ begin
     elsif call.cancel_requested then
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
-             error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq')
+             error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into abandon.done_seq, abandon.done_status;
     elsif err_number = '57014' and not timed_out and call.recoveries + 1 < 5 then
       update asyncproc.executions e
          set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into abandon.done_seq, abandon.done_status;
       insert into asyncproc.ready (queue, id) values (call.queue, execution_id);

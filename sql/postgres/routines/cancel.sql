@@ -15,7 +15,7 @@ begin
   -- the ready row first, as a claim takes it: a claim in progress makes us wait for its commit
   delete from asyncproc.ready r where r.queue = target.queue and r.id = target.id;
   update asyncproc.executions e
-     set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq')
+     set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
    where e.id = target.id and e.status in ('WAITING', 'PENDING')
   returning e.seq into new_seq;
   if new_seq is not null then

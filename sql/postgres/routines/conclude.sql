@@ -31,7 +31,7 @@ begin
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
              error_message = 'cancelled while running: ' || err_message, error_detail = err_detail,
-             error_context = err_context, seq = nextval('asyncproc.change_seq')
+             error_context = err_context, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into conclude.done_seq, conclude.done_status;
     else

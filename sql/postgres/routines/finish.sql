@@ -21,7 +21,7 @@ begin
          finished_at = case when succeeded or e.attempts >= e.max_attempts then clock_timestamp() end,
          result = case when succeeded then outcome else null end,
          error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
-         seq = nextval('asyncproc.change_seq')
+         seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
    where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
   returning e.seq, e.status into finish.done_seq, finish.done_status;
   if finish.done_status = 'WAITING' then

@@ -27,14 +27,14 @@ begin
     if lost.cancel_requested then
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = '57014',
-             error_message = 'cancelled while running; its worker was lost', seq = nextval('asyncproc.change_seq')
+             error_message = 'cancelled while running; its worker was lost', seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     elsif not lost.transactional then
       update asyncproc.executions e
          set status = 'FAILED', finished_at = clock_timestamp(), error_number = 'AP008',
              error_message = 'worker lost during a non-transactional call; its effects may be partly done',
-             error_detail = null, error_context = null, seq = nextval('asyncproc.change_seq')
+             error_detail = null, error_context = null, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     elsif lost.recoveries + 1 >= max_recoveries then
@@ -42,7 +42,7 @@ begin
          set status = 'FAILED', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
              finished_at = clock_timestamp(), error_number = 'AP010',
              error_message = format('the worker running this call was lost %s times', e.recoveries + 1),
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     else
@@ -51,7 +51,7 @@ begin
         from asyncproc.executions e where e.id = lost.id;
       update asyncproc.executions e
          set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
       insert into asyncproc.ready (queue, id) values (lost.queue, lost.id);

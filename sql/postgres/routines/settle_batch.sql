@@ -39,7 +39,7 @@ begin
         update asyncproc.executions e
            set held = false,
                status = case when e.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end,
-               seq = nextval('asyncproc.change_seq')
+               seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
          where e.batch_id = settle_id and e.stage = batch.current_stage and e.held
         returning e.id, e.seq, e.queue, e.status
       loop
