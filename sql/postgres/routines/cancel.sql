@@ -20,6 +20,9 @@ begin
   returning e.seq into new_seq;
   if new_seq is not null then
     perform asyncproc.emit(target.id, new_seq, 'CANCELLED');
+    if target.batch_id is not null then
+      perform asyncproc.settle_batch(target.batch_id);
+    end if;
     outcome := 'CANCELLED';
     return;
   end if;

@@ -19,7 +19,7 @@ begin
     -- error here cannot leave it held on a pooled connection.
     continue when not pg_try_advisory_xact_lock(key.key1, key.key2);
     -- re-read under the row lock: the outcome may have committed since the loop's snapshot
-    select e.id, e.queue, e.recoveries, e.cancel_requested, e.transactional into lost
+    select e.id, e.queue, e.recoveries, e.cancel_requested, e.transactional, e.batch_id into lost
       from asyncproc.executions e
      where e.id = candidate.id and e.status = 'RUNNING'
        for update skip locked;
@@ -56,6 +56,9 @@ begin
       returning e.seq, e.status into new_seq, new_stat;
       insert into asyncproc.ready (queue, id) values (lost.queue, lost.id);
       perform pg_notify('asyncproc_wake', lost.queue);
+    end if;
+    if lost.batch_id is not null and new_stat <> 'PENDING' then
+      perform asyncproc.settle_batch(lost.batch_id);
     end if;
     recovered := recovered + 1;
     perform asyncproc.emit(lost.id, new_seq, new_stat);
