@@ -18,6 +18,7 @@ const LANDED: Record<string, string> = {
   'postgres/0007_autocommit.sql': 'a47a0b7da5bbfb905d4f834f9d2642da9dfd03b30a5cc1114e50d15df863c08c',
   'postgres/0008_stamp_by_writers.sql': 'a4cb83867076c6ce1eb7c82ebc9f5702b137fa38e1d630fb978adda77af7b8fd',
   'postgres/0009_settle_by_writers.sql': '9d5887bc24657765299fef5f4059caeffcd15f1b1e8ae570c111b69b8544f822',
+  'postgres/0010_due_index.sql': '9491618e8ec0effa69937475df710c018ecdb36cb64c41341a0556492a1a9d3b',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
