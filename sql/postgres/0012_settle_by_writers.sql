@@ -2,8 +2,8 @@
 -- ends a member (see settle_batch.sql), not by a row trigger: an AFTER trigger with a WHEN
 -- condition cost every update of executions its check, batch member or not, about a tenth
 -- of a drained call's backend CPU.
-drop trigger executions_batch_member_ended on asyncproc.executions;
-drop function asyncproc.batch_member_ended();
+drop trigger if exists executions_batch_member_ended on asyncproc.executions;
+drop function if exists asyncproc.batch_member_ended();
 -- its routine file is gone: forget it, so that an upgraded database lists what a new one does
 do $$
 begin
