@@ -24,6 +24,7 @@ import { createPostgresEngine } from '../src/engines/postgres/index.js';
 import { silentLogger } from '../src/logger.js';
 import { freePort } from '../test/support/database.js';
 import { describeFanout, runFanout } from './fanout.js';
+import { clusterCpuMs } from './clusterCpu.js';
 
 const DRAIN = Number(process.env.BENCH_DRAIN ?? 20_000);
 const INVOKES = Number(process.env.BENCH_INVOKES ?? 5_000);
@@ -32,25 +33,13 @@ const CONCURRENCY = 10;
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 3);
 const FANOUT = (process.env.BENCH_FANOUT ?? '1,10,50,200').split(',').filter(Boolean).map(Number);
 const FANOUT_CALLS = Number(process.env.BENCH_FANOUT_CALLS ?? 3000);
+/** BENCH_ONLY=drain: the drain rounds alone (no GraphQL service). */
+const ONLY = process.env.BENCH_ONLY;
 
 const report = (what: string, ours: string, peer = '') =>
   console.log(`  ${what}: ${ours}${peer ? `\n      graphile-worker: ${peer}` : ''}`);
 
-/** CPU time (ms) used so far by the PostgreSQL cluster: the postmaster and its children. */
 let postmasterPid = 0;
-async function clusterCpuMs(): Promise<number> {
-  const { readdir, readFile } = await import('node:fs/promises');
-  let ticks = 0;
-  for (const entry of await readdir('/proc')) {
-    if (!/^\d+$/.test(entry)) continue;
-    const stat = await readFile(`/proc/${entry}/stat`, 'utf8').catch(() => '');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    if (Number(fields[1]) === postmasterPid) ticks += Number(fields[11]) + Number(fields[12]);
-    // the postmaster's own time, and that of its children that have exited (cutime, cstime)
-    if (Number(entry) === postmasterPid) ticks += Number(fields[11]) + Number(fields[12]) + Number(fields[13]) + Number(fields[14]);
-  }
-  return ticks * 10; // USER_HZ = 100
-}
 function nodeCpuMs(): number {
   const { user, system } = process.cpuUsage();
   return (user + system) / 1000;
@@ -63,9 +52,9 @@ interface Drain {
 
 /** Rate and CPU microseconds per call of this process and of the database while `fn` drains `items`. */
 async function measureDrain(items: number, fn: () => Promise<void>): Promise<Drain> {
-  const [n0, p0, t0] = [nodeCpuMs(), await clusterCpuMs(), performance.now()];
+  const [n0, p0, t0] = [nodeCpuMs(), await clusterCpuMs(postmasterPid), performance.now()];
   await fn();
-  const [n1, p1, t1] = [nodeCpuMs(), await clusterCpuMs(), performance.now()];
+  const [n1, p1, t1] = [nodeCpuMs(), await clusterCpuMs(postmasterPid), performance.now()];
   return { rate: items / ((t1 - t0) / 1000), nodeUs: ((n1 - n0) * 1000) / items, postgresUs: ((p1 - p0) * 1000) / items };
 }
 
@@ -208,11 +197,22 @@ async function main() {
     for (let round = 1; round <= ROUNDS; round++) {
       ourDrains.push(await drainAsyncproc(ourUrl));
       peerDrains.push(await drainGraphileWorker(peerUrl));
-      console.log(`  round ${round}: asyncproc ${describeDrain(ourDrains.at(-1)!)} | graphile-worker ${describeDrain(peerDrains.at(-1)!)}`);
+      const ratio = ourDrains.at(-1)!.rate / peerDrains.at(-1)!.rate;
+      console.log(`  round ${round}: asyncproc ${describeDrain(ourDrains.at(-1)!)} | graphile-worker ${describeDrain(peerDrains.at(-1)!)} | ${ratio.toFixed(2)}×`);
+    }
+    const ratios = ourDrains.map((d, i) => d.rate / peerDrains[i].rate);
+    const drainLine = () => {
+      report(`drain ${DRAIN} no-op calls, concurrency ${CONCURRENCY} (median of ${ROUNDS})`, describeDrain(median(ourDrains)), describeDrain(median(peerDrains)));
+      console.log(`      ratio (median of same-round ratios): ${ratios.sort((a, b) => a - b)[Math.floor(ratios.length / 2)].toFixed(2)}×`);
+    };
+    if (ONLY === 'drain') {
+      console.log('');
+      drainLine();
+      return;
     }
     const ours = await benchService(ourUrl);
     console.log('');
-    report(`drain ${DRAIN} no-op calls, concurrency ${CONCURRENCY} (median of ${ROUNDS})`, describeDrain(median(ourDrains)), describeDrain(median(peerDrains)));
+    drainLine();
     report(`GraphQL invoke, ${CONCURRENCY} concurrent HTTP clients`, `${ours.invokeRate.toFixed(0)} mutations/s`);
     report(
       `mutation response → executionCompleted (graphql-ws), ${LATENCY} sequential`,

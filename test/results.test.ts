@@ -171,6 +171,32 @@ describe('a routine dropped and created again', () => {
     assert.deepEqual(again.result.outputParameters, { receipt: 'paid 2' });
   });
 
+  it('a session that called it before calls the new one: the statement it keeps is built again', async () => {
+    // call_routine keeps each routine's last statement per session; one session sees every change here
+    await sql.query(`create function billing.shape(a int, b int default 0, out x int) language sql as $$ select a + b $$;
+      select asyncproc.register('billing.shape(int,int)');`);
+    const proc = (await sql.query(`select proc::oid as oid from asyncproc.procedures where name = 'billing.shape'`)).rows[0].oid;
+    const call = async (args: object) =>
+      (await sql.query(`select asyncproc.call_routine($1::oid::regprocedure, $2, 100) as o`, [proc, JSON.stringify(args)])).rows[0].o
+        .outputParameters;
+    assert.deepEqual(await call({ a: 1 }), { x: 1 });
+    assert.deepEqual(await call({ a: 1, b: 2 }), { x: 3 }); // other arguments present: another statement
+    assert.deepEqual(await call({ a: 1 }), { x: 1 });
+    // a setting made in a transaction that rolls back is left empty, not unset
+    await sql.query('begin');
+    await sql.query(`select asyncproc.call_routine($1::oid::regprocedure, '{"a": 1}', 7)`, [proc]);
+    await sql.query('rollback');
+    assert.deepEqual((await sql.query(`select asyncproc.call_routine($1::oid::regprocedure, '{"a": 1}', 7) as o`, [proc])).rows[0].o.outputParameters, { x: 1 });
+    await sql.query(`drop function billing.shape(int, int);
+      create function billing.shape(a int, b int default 0, out x int, out y int) language sql as $$ select a, b $$;`);
+    assert.deepEqual(await call({ a: 1 }), { x: 1, y: 0 });
+    await sql.query(`alter function billing.shape(int, int) rename to shape_before;
+      create function billing.shape(a int, b int default 0, out z int) language sql as $$ select a * 10 $$;`);
+    assert.deepEqual(await call({ a: 1 }), { z: 10 });
+    await sql.query(`drop function billing.shape(int, int)`);
+    await assert.rejects(call({ a: 1 }), /billing\.shape.* no longer exists/);
+  });
+
   it('once gone: UNKNOWN_PROCEDURE at invoke, and a call already submitted FAILS with a clear error, not LOST', async () => {
     await sql.query(`create procedure billing.gone(n int) language sql as $$ select 1 $$;
       select asyncproc.register('billing.gone(int)');`);

@@ -21,7 +21,7 @@ begin
   -- lets recover and another worker start it, and that run's state is not ours to change.
   -- The transaction-level lock keeps recover off it until this outcome is committed.
   if pg_try_advisory_xact_lock(key.key1, key.key2) then
-    select e.cancel_requested, e.recoveries, e.queue into call
+    select e.cancel_requested, e.recoveries, e.queue, e.batch_id into call
       from asyncproc.executions e
      where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
        for update;
@@ -30,13 +30,16 @@ begin
     elsif call.cancel_requested then
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
-             error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq')
+             error_message = 'cancelled while running: ' || err_message, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into abandon.done_seq, abandon.done_status;
+      if call.batch_id is not null then
+        perform asyncproc.settle_batch(call.batch_id);
+      end if;
     elsif err_number = '57014' and not timed_out and call.recoveries + 1 < 5 then
       update asyncproc.executions e
          set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into abandon.done_seq, abandon.done_status;
       insert into asyncproc.ready (queue, id) values (call.queue, execution_id);

@@ -15,11 +15,14 @@ begin
   -- the ready row first, as a claim takes it: a claim in progress makes us wait for its commit
   delete from asyncproc.ready r where r.queue = target.queue and r.id = target.id;
   update asyncproc.executions e
-     set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq')
+     set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
    where e.id = target.id and e.status in ('WAITING', 'PENDING')
   returning e.seq into new_seq;
   if new_seq is not null then
     perform asyncproc.emit(target.id, new_seq, 'CANCELLED');
+    if target.batch_id is not null then
+      perform asyncproc.settle_batch(target.batch_id);
+    end if;
     outcome := 'CANCELLED';
     return;
   end if;

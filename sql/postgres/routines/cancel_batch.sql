@@ -18,8 +18,9 @@ begin
     outcome := 'FINISHED';
     return;
   end if;
-  -- the trigger settles the batch as members end: it ends now if nothing is running
   perform asyncproc.cancel_unstarted(cancel_id, 'cancelled with its batch');
+  -- it ends now if nothing is running
+  perform asyncproc.settle_batch(cancel_id);
   outcome := 'CANCELLED';
 end
 $$;

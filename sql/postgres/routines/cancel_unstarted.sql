@@ -13,7 +13,7 @@ begin
   for moved in
     update asyncproc.executions e
        set status = 'CANCELLED', held = false, finished_at = clock_timestamp(), error_number = 'AP011',
-           error_message = reason, seq = nextval('asyncproc.change_seq')
+           error_message = reason, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
      where e.batch_id = batch and e.status in ('WAITING', 'PENDING')
     returning e.id, e.seq
   loop

@@ -21,7 +21,7 @@ begin
     exit when ready_id is null;
     update asyncproc.executions e
        set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
-           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq'),
+           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id(),
            transactional = p.transactional
       from asyncproc.procedures p
      where e.id = ready_id and e.status = 'PENDING'   -- a ready row of a call cancelled meanwhile is dropped

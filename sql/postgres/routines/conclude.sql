@@ -21,7 +21,7 @@ begin
   -- at transaction level too, so recover cannot take the call between the unlock below and
   -- the commit of its outcome (see run())
   if pg_try_advisory_xact_lock(key.key1, key.key2) then
-    select e.cancel_requested into call
+    select e.cancel_requested, e.batch_id into call
       from asyncproc.executions e
      where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
        for update;
@@ -31,9 +31,12 @@ begin
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = err_number,
              error_message = 'cancelled while running: ' || err_message, error_detail = err_detail,
-             error_context = err_context, seq = nextval('asyncproc.change_seq')
+             error_context = err_context, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into conclude.done_seq, conclude.done_status;
+      if call.batch_id is not null then
+        perform asyncproc.settle_batch(call.batch_id);
+      end if;
     else
       select f.done_seq, f.done_status into conclude.done_seq, conclude.done_status
         from asyncproc.finish(execution_id, succeeded,

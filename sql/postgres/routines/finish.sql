@@ -8,6 +8,8 @@ create or replace function asyncproc.finish(
   out done_seq bigint, out done_status text
 )
 language plpgsql as $$
+declare
+  ended_batch uuid;
 begin
   update asyncproc.executions e
      set status = case
@@ -21,9 +23,12 @@ begin
          finished_at = case when succeeded or e.attempts >= e.max_attempts then clock_timestamp() end,
          result = case when succeeded then outcome else null end,
          error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
-         seq = nextval('asyncproc.change_seq')
+         seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
    where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
-  returning e.seq, e.status into finish.done_seq, finish.done_status;
+  returning e.seq, e.status, e.batch_id into finish.done_seq, finish.done_status, ended_batch;
+  if ended_batch is not null and finish.done_status in ('SUCCEEDED', 'FAILED') then
+    perform asyncproc.settle_batch(ended_batch);
+  end if;
   if finish.done_status = 'WAITING' then
     insert into asyncproc.attempts (execution_id, number, status, started_at, finished_at, worker, backend_pid,
                                     error_number, error_message, error_detail, error_context)

@@ -19,7 +19,7 @@ begin
     -- error here cannot leave it held on a pooled connection.
     continue when not pg_try_advisory_xact_lock(key.key1, key.key2);
     -- re-read under the row lock: the outcome may have committed since the loop's snapshot
-    select e.id, e.queue, e.recoveries, e.cancel_requested, e.transactional into lost
+    select e.id, e.queue, e.recoveries, e.cancel_requested, e.transactional, e.batch_id into lost
       from asyncproc.executions e
      where e.id = candidate.id and e.status = 'RUNNING'
        for update skip locked;
@@ -27,14 +27,14 @@ begin
     if lost.cancel_requested then
       update asyncproc.executions e
          set status = 'CANCELLED', finished_at = clock_timestamp(), error_number = '57014',
-             error_message = 'cancelled while running; its worker was lost', seq = nextval('asyncproc.change_seq')
+             error_message = 'cancelled while running; its worker was lost', seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     elsif not lost.transactional then
       update asyncproc.executions e
          set status = 'FAILED', finished_at = clock_timestamp(), error_number = 'AP008',
              error_message = 'worker lost during a non-transactional call; its effects may be partly done',
-             error_detail = null, error_context = null, seq = nextval('asyncproc.change_seq')
+             error_detail = null, error_context = null, seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     elsif lost.recoveries + 1 >= max_recoveries then
@@ -42,7 +42,7 @@ begin
          set status = 'FAILED', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
              finished_at = clock_timestamp(), error_number = 'AP010',
              error_message = format('the worker running this call was lost %s times', e.recoveries + 1),
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
     else
@@ -51,11 +51,14 @@ begin
         from asyncproc.executions e where e.id = lost.id;
       update asyncproc.executions e
          set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
-             seq = nextval('asyncproc.change_seq')
+             seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = lost.id
       returning e.seq, e.status into new_seq, new_stat;
       insert into asyncproc.ready (queue, id) values (lost.queue, lost.id);
       perform pg_notify('asyncproc_wake', lost.queue);
+    end if;
+    if lost.batch_id is not null and new_stat <> 'PENDING' then
+      perform asyncproc.settle_batch(lost.batch_id);
     end if;
     recovered := recovered + 1;
     perform asyncproc.emit(lost.id, new_seq, new_stat);

@@ -7,7 +7,7 @@ declare
 begin
   for due in
     update asyncproc.executions e
-       set status = 'PENDING', seq = nextval('asyncproc.change_seq')
+       set status = 'PENDING', seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
      where e.status = 'WAITING' and not e.held and e.run_at <= clock_timestamp()
     returning e.id, e.seq, e.queue
   loop

@@ -1,6 +1,9 @@
 -- Settle a batch after one of its executions ended: release the next stage when the
 -- current one is complete, cancel the rest when the policy says so, end the batch when
--- nothing is left. Runs in the transaction that recorded the outcome.
+-- nothing is left. Runs in the transaction that recorded the outcome: every path that ends
+-- a member calls it right after (finish, abandon, conclude, recover, cancel, cancel_batch;
+-- an explicit call, not a row trigger, which cost every update of executions a trigger
+-- check); any path added later must too. Members it cancels itself need no settling.
 --
 -- Why exactly one finisher releases a stage: every caller first locks the batch row.
 -- A finisher that waited for that lock runs its next statements (READ COMMITTED) on a
@@ -8,7 +11,7 @@
 -- its own; so the last of them, and only the last, finds no unfinished execution.
 --
 -- Lock order: member rows that change status take their own row first and the batch
--- row second (this trigger). Here, holding the batch row, we touch only WAITING and
+-- row second (their writer's call of this). Here, holding the batch row, we touch only WAITING and
 -- PENDING members (a RUNNING one, locked by its finisher, does not match and is not
 -- waited for), and ready rows before execution rows, as claim() does.
 -- cancel() takes the batch row first for a member that has not started.
@@ -39,7 +42,7 @@ begin
         update asyncproc.executions e
            set held = false,
                status = case when e.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end,
-               seq = nextval('asyncproc.change_seq')
+               seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
          where e.batch_id = settle_id and e.stage = batch.current_stage and e.held
         returning e.id, e.seq, e.queue, e.status
       loop
