@@ -1,10 +1,13 @@
 /** PostgreSQL-specific behaviour: migrator, SQL interface, argument types, savepoints, result shapes, purge. */
 import assert from 'node:assert/strict';
-import { readdir, readFile } from 'node:fs/promises';
+import { cp, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import type pg from 'pg';
+import pg from 'pg';
 import type { Closeable, Execution } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { migrate } from '../src/engines/postgres/migrator.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 let cluster: TestCluster;
@@ -62,6 +65,24 @@ describe('migrator', () => {
       assert.ok(demo.some((p) => p.name === 'demo.add'));
     } finally {
       await Promise.all(engines.map((e) => e.close()));
+    }
+  });
+
+  it('applies the pending migrations and the changed routines in one transaction: a routine that fails undoes the migrations too', async () => {
+    const fresh = await cluster.createDatabase();
+    const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-migrate-'));
+    const pool = new pg.Pool({ connectionString: fresh, max: 2 });
+    try {
+      await cp(new URL('../sql/postgres/', import.meta.url), dir, { recursive: true });
+      // a new migration whose work a routine must complete, and that routine broken
+      await writeFile(path.join(dir, '0099_half.sql'), 'create table asyncproc.half_done (id int);');
+      await writeFile(path.join(dir, 'routines', 'zz_broken.sql'), "do $$ begin raise exception 'this routine file is broken'; end $$;");
+      await assert.rejects(migrate(pool, dir), /zz_broken/);
+      const { rows } = await pool.query(`select to_regclass('asyncproc.half_done') as t, to_regclass('asyncproc.migrations') as m`);
+      assert.deepEqual(rows[0], { t: null, m: null }, 'nothing of the failed upgrade was committed');
+    } finally {
+      await pool.end();
+      await rm(dir, { recursive: true, force: true });
     }
   });
 });

@@ -32,8 +32,21 @@ async function withMigrationLock<T>(pool: pg.Pool, fn: (client: pg.PoolClient) =
   }
 }
 
+/** Clients inside inTransaction: a nested call joins the transaction already open. */
+const inside = new WeakSet<pg.PoolClient>();
+
 /** `fn` in one transaction on `client`: committed when it resolves, rolled back when it throws. */
 async function inTransaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> {
+  if (inside.has(client)) return fn();
+  inside.add(client);
+  try {
+    return await transaction(client, fn);
+  } finally {
+    inside.delete(client);
+  }
+}
+
+async function transaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> {
   await client.query('begin');
   try {
     const result = await fn();
@@ -46,16 +59,22 @@ async function inTransaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Pr
 }
 
 /**
- * Apply sql/postgres/NNNN_*.sql in order, each once, each in its own transaction,
- * recorded in asyncproc.migrations; then every routine of sql/postgres/routines/
- * whose content changed. Returns the versions applied now.
+ * Apply sql/postgres/NNNN_*.sql in order, each once, recorded in asyncproc.migrations;
+ * then every routine of sql/postgres/routines/ whose content changed. All of it in ONE
+ * transaction: a migration that moves work from the schema to the routines (0011 drops the
+ * stamp trigger that the new routines replace by stamping themselves) must never commit
+ * without them, or a worker running in between would write a change the feed cannot see.
+ * Workers block on the tables' locks meanwhile and carry on with the new definitions.
+ * Returns the versions applied now.
  */
 export async function migrate(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<number[]> {
-  return withMigrationLock(pool, async (client) => {
-    const applied = await applyVersions(client, dir);
-    await applyChangedRoutines(client, path.join(dir, 'routines'));
-    return applied;
-  });
+  return withMigrationLock(pool, (client) =>
+    inTransaction(client, async () => {
+      const applied = await applyVersions(client, dir);
+      await applyChangedRoutines(client, path.join(dir, 'routines'));
+      return applied;
+    }),
+  );
 }
 
 /**
