@@ -31,7 +31,7 @@ const SCHEMA = `create schema lc;
 before(async () => {
   ({ cluster, url, engine, sql } = await startDemoDatabase());
   await sql.query(SCHEMA);
-  for (const queue of ['lc_commit', 'lc_owner', 'lc_cancel', 'lc_keys']) await engine.configureQueue(queue, 1);
+  for (const queue of ['lc_commit', 'lc_owner', 'lc_cancel', 'lc_keys', 'lc_between']) await engine.configureQueue(queue, 1);
 });
 after(async () => {
   await Promise.all(sessions.map((s) => s.end().catch(() => undefined)));
@@ -126,6 +126,22 @@ describe("recover() and the commit of run() (item 4)", () => {
       assert.equal((await row(y.id)).status, 'SUCCEEDED');
     });
   }
+});
+
+describe('a cancel between the claim and the run', () => {
+  it('stops the call before it starts: the signal found its worker idle, the request is honoured by run()', async () => {
+    const x = await submit('lc.record_sleep', { tag: 'between', seconds: 0 }, 'lc_between');
+    const worker = await session();
+    assert.equal(await claim(worker, 'lc_between'), x.id);
+    // the worker is idle between its claim and its run: pg_cancel_backend cancels nothing
+    const cancelling = engine.cancelExecution(x.token);
+    await waitFor(async () => (await sql.query('select cancel_requested from asyncproc.executions where id = $1', [x.id])).rows[0].cancel_requested, 5_000, 'the cancel to be asked');
+    await assert.rejects(worker.query(`select * from asyncproc.run($1, $2, null)`, [x.id, `w${worker.pid}`]), (e: any) => e.code === '57014');
+    // what the activator does with a cancelled run
+    await worker.query(`select * from asyncproc.abandon($1, '57014', 'canceling statement due to user request')`, [x.id]);
+    assert.equal((await cancelling).status, 'CANCELLED');
+    assert.equal(await ledger('between'), 0, 'the call never ran');
+  });
 });
 
 describe('only the session that claimed a call ends it (item 5)', () => {

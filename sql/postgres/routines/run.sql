@@ -25,11 +25,19 @@ begin
   -- and a procedure calling pg_advisory_unlock_all() cannot drop it. Not granted: another
   -- session runs the call (this one lost its lock), so this one must not touch it.
   if pg_try_advisory_xact_lock(key.key1, key.key2) then
-    select e.arguments, r.proc
+    select e.arguments, r.proc, e.cancel_requested
       into call
       from asyncproc.executions e
       join asyncproc.procedures r on r.name = e.procedure
      where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
+
+    -- cancelled between its claim's commit and this statement: pg_cancel_backend found this
+    -- session idle and cancelled nothing, so the request is honoured here, before the call
+    -- starts, by the same way out as a cancelled statement (the worker then abandons it as
+    -- cancelled; a plain RAISE of 57014 is not caught by the handler below either)
+    if found and call.cancel_requested then
+      raise exception 'canceling statement due to user request' using errcode = 'query_canceled';
+    end if;
 
     if found then
       begin
