@@ -142,6 +142,23 @@ describe('a cancel between the claim and the run', () => {
     assert.equal((await cancelling).status, 'CANCELLED');
     assert.equal(await ledger('between'), 0, 'the call never ran');
   });
+
+  it('the same for a non-transactional call: prepare_call() refuses to hand out its statement', async () => {
+    await sql.query(`create or replace procedure lc.record_outside(tag text) language plpgsql as $$ begin insert into demo.ledger (tag) values (tag); end $$;
+                     select asyncproc.register('lc.record_outside(text)', transactional => false);`);
+    const x = await submit('lc.record_outside', { tag: 'between-outside' }, 'lc_between');
+    const worker = await session();
+    assert.equal(await claim(worker, 'lc_between'), x.id);
+    const cancelling = engine.cancelExecution(x.token);
+    await waitFor(async () => (await sql.query('select cancel_requested from asyncproc.executions where id = $1', [x.id])).rows[0].cancel_requested, 5_000, 'the cancel to be asked');
+    await assert.rejects(worker.query('select * from asyncproc.prepare_call($1, 100)', [x.id]), (e: any) => e.code === '57014');
+    // what the activator does with a failed non-transactional call
+    await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
+      x.id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
+    ]);
+    assert.equal((await cancelling).status, 'CANCELLED');
+    assert.equal(await ledger('between-outside'), 0, 'the call never ran');
+  });
 });
 
 describe('only the session that claimed a call ends it (item 5)', () => {

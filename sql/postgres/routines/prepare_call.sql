@@ -17,12 +17,17 @@ begin
   if not pg_try_advisory_xact_lock(key.key1, key.key2) then
     return;
   end if;
-  select e.arguments, r.proc into call
+  select e.arguments, r.proc, e.cancel_requested into call
     from asyncproc.executions e
     join asyncproc.procedures r on r.name = e.procedure
    where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
   if not found then
     return;
+  end if;
+  -- cancelled between its claim and now (the signal found this session idle): fail as a
+  -- cancelled statement, before the call starts; conclude() then records it CANCELLED
+  if call.cancel_requested then
+    raise exception 'canceling statement due to user request' using errcode = 'query_canceled';
   end if;
   select s.statement, case when s.binds then call.arguments end, s.kind
     into prepare_call.statement, prepare_call.arguments, prepare_call.kind
