@@ -207,11 +207,21 @@ describe('log lines of one execution', () => {
     await scrape(); // the hub reads every change while metrics are scraped
     const token = await invoke({ procedure: 'demo.add', arguments: { a: 40, b: 2 } });
     const story = () => logged.filter((line) => line.token === token);
-    await waitFor(async () => story().some((line) => line.msg === 'execution finished'), 20_000, 'the finish logged');
+    await waitFor(
+      async () => story().some((line) => line.msg === 'execution finished') && story().some((line) => line.msg === 'execution ended'),
+      20_000,
+      'the finish logged by the hub and the end by the worker',
+    );
     const lines = story();
-    assert.deepEqual(lines.map((line) => line.msg), ['execution submitted', 'execution finished']);
+    const messages = lines.map((line) => line.msg);
+    // the service's lines and the worker's (the activator runs in this process here; a `worker` process logs the same)
+    assert.deepEqual([...messages].sort(), ['execution ended', 'execution finished', 'execution started', 'execution submitted']);
+    assert.equal(messages[0], 'execution submitted');
+    assert.ok(messages.indexOf('execution started') < messages.indexOf('execution ended'));
     assert.ok(lines.every((line) => line.procedure === 'demo.add'));
-    assert.equal(lines[1].status, 'SUCCEEDED');
+    assert.equal(lines.find((line) => line.msg === 'execution finished')!.status, 'SUCCEEDED');
+    assert.equal(lines.find((line) => line.msg === 'execution ended')!.status, 'SUCCEEDED');
+    assert.equal(lines.find((line) => line.msg === 'execution started')!.queue, 'default');
 
     const failing = await invoke({ procedure: 'demo.fail', arguments: { message: 'kaput' }, maxAttempts: 1 });
     await waitFor(async () => logged.some((line) => line.token === failing && line.msg === 'execution finished'), 20_000, 'the failure logged');

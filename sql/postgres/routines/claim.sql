@@ -6,7 +6,8 @@
 -- recover). The caller notifies (id:seq:RUNNING) after commit.
 drop function if exists asyncproc.claim(text, text);
 create or replace function asyncproc.claim(
-  queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean
+  queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean,
+  out token uuid, out procedure text   -- for the worker's log lines (grep a token, read its story)
 )
 language plpgsql as $$
 declare
@@ -26,8 +27,8 @@ begin
       from asyncproc.procedures p
      where e.id = ready_id and e.status = 'PENDING'   -- a ready row of a call cancelled meanwhile is dropped
        and p.name = e.procedure
-    returning e.id, e.seq, coalesce(p.timeout_ms, 0), p.transactional
-         into claim.id, claim.seq, claim.timeout_ms, claim.transactional;
+    returning e.id, e.seq, coalesce(p.timeout_ms, 0), p.transactional, e.token, e.procedure
+         into claim.id, claim.seq, claim.timeout_ms, claim.transactional, claim.token, claim.procedure;
     exit when claim.id is not null;
   end loop;
   if claim.id is not null then

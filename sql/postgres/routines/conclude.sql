@@ -5,12 +5,13 @@
 -- Failed: the error as the worker caught it; retried per max_attempts like any failure (a retry
 -- runs again what the failed attempt committed), or CANCELLED when a cancel was asked for.
 -- Only the session that claimed the call and still holds its lock records anything.
+drop function if exists asyncproc.conclude(bigint, text, text, boolean, jsonb, text[], oid[], text[], text, text, text, text);
 create or replace function asyncproc.conclude(
   execution_id bigint, worker text, next_queue text, succeeded boolean, outcome jsonb,
   output_names text[], output_types oid[], output_values text[],
   err_number text, err_message text, err_detail text, err_context text,
   out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
-  out next_transactional boolean
+  out next_transactional boolean, out next_token uuid, out next_procedure text
 )
 language plpgsql as $$
 declare
@@ -48,8 +49,9 @@ begin
   end if;
 
   if next_queue is not null then
-    select c.id, c.seq, c.timeout_ms, c.transactional
-      into conclude.next_id, conclude.next_seq, conclude.next_timeout_ms, conclude.next_transactional
+    select c.id, c.seq, c.timeout_ms, c.transactional, c.token, c.procedure
+      into conclude.next_id, conclude.next_seq, conclude.next_timeout_ms, conclude.next_transactional,
+           conclude.next_token, conclude.next_procedure
       from asyncproc.claim(next_queue, worker) c;
   end if;
 end

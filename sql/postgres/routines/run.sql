@@ -5,7 +5,7 @@ drop function if exists asyncproc.run(bigint, text, text, integer);
 create or replace function asyncproc.run(
   execution_id bigint, worker text, next_queue text, row_cap integer default 100,
   out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
-  out next_transactional boolean
+  out next_transactional boolean, out next_token uuid, out next_procedure text
 )
 language plpgsql as $$
 declare
@@ -57,8 +57,8 @@ begin
   end if;
 
   if next_queue is not null then
-    select c.id, c.seq, c.timeout_ms, c.transactional
-      into run.next_id, run.next_seq, run.next_timeout_ms, run.next_transactional
+    select c.id, c.seq, c.timeout_ms, c.transactional, c.token, c.procedure
+      into run.next_id, run.next_seq, run.next_timeout_ms, run.next_transactional, run.next_token, run.next_procedure
       from asyncproc.claim(next_queue, worker) c;
   end if;
 end

@@ -154,13 +154,22 @@ class QueueWorkers {
     const claimed = (
       await client.query<ClaimRow>({
         name: 'asyncproc-claim',
-        text: 'select id, seq, timeout_ms, transactional from asyncproc.claim($1, $2)',
+        text: 'select id, seq, timeout_ms, transactional, token, procedure from asyncproc.claim($1, $2)',
         values: [this.name, worker],
       })
     ).rows[0];
     if (claimed.id !== null) this.activator.options.notifier.event(claimed.id, claimed.seq!, 'RUNNING');
-    let next: Claimed = { id: claimed.id, timeoutMs: claimed.timeout_ms ?? 0, transactional: claimed.transactional ?? true };
+    let next: Claimed = {
+      id: claimed.id,
+      timeoutMs: claimed.timeout_ms ?? 0,
+      transactional: claimed.transactional ?? true,
+      token: claimed.token,
+      procedure: claimed.procedure,
+    };
     while (next.id !== null) {
+      // the token and procedure on every line of a call, so `grep <token>` tells its story in every process
+      const call = { token: next.token, procedure: next.procedure, queue: this.name, worker };
+      this.activator.options.logger.info(call, 'execution started');
       this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
       this.doorbell.ring();
@@ -169,8 +178,8 @@ class QueueWorkers {
       await armTimeout(client, next.timeoutMs);
       client.executionId = next.id;
       next = next.transactional
-        ? await this.runInTransaction(client, worker, next.id, next.timeoutMs)
-        : await this.runAtTopLevel(client, worker, next.id, next.timeoutMs);
+        ? await this.runInTransaction(client, worker, next.id, next.timeoutMs, call)
+        : await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call);
     }
     client.executionId = null;
   }
@@ -184,30 +193,31 @@ class QueueWorkers {
   }
 
   /** A transactional call: asyncproc.run() runs it and records its outcome in one transaction. */
-  private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number): Promise<Claimed> {
+  private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     const started = Date.now();
     try {
       const ran = (
         // a named (prepared) statement: parsed and planned once per connection
         await client.query<EndedRow>({
           name: 'asyncproc-run',
-          text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional from asyncproc.run($1, $2, $3, $4)',
+          text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure from asyncproc.run($1, $2, $3, $4)',
           values: [current, worker, this.nextQueue, this.maxRows],
         })
       ).rows[0];
-      return this.ended(current, ran);
+      return this.ended(current, ran, call);
     } catch (error) {
       if (isConnectionError(error)) throw error;
       // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
       const err = error as pg.DatabaseError;
       const timedOut = isOwnTimeout(err, timeoutMs, started);
+      this.activator.options.logger.info({ ...call, code: err.code, timedOut, error: err.message }, 'execution stopped (cancelled or timed out)');
       const done = (
         await client.query<EndedRow>(
           'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
           [current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut],
         )
       ).rows[0];
-      return this.ended(current, done);
+      return this.ended(current, done, call);
     }
   }
 
@@ -216,7 +226,7 @@ class QueueWorkers {
    * while the claim's session-level lock names the call (recover sees it alive); then
    * asyncproc.conclude() records the outcome in a transaction of its own, as the owner.
    */
-  private async runAtTopLevel(client: SlotClient, worker: string, current: string, timeoutMs: number): Promise<Claimed> {
+  private async runAtTopLevel(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     const started = Date.now();
     let outcome: { succeeded: boolean; function: string | null; names: string[] | null; types: number[] | null; values: (string | null)[] | null } = {
       succeeded: false, function: null, names: null, types: null, values: null,
@@ -258,7 +268,7 @@ class QueueWorkers {
     const conclude = () =>
       client.query<EndedRow>({
         name: 'asyncproc-conclude',
-        text: `select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional
+        text: `select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure
                  from asyncproc.conclude($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
         values: [
           current, worker, this.nextQueue, outcome.succeeded, outcome.function, outcome.names, outcome.types, outcome.values,
@@ -280,16 +290,23 @@ class QueueWorkers {
       await armTimeout(client, 0);
       ended = (await conclude()).rows[0];
     }
-    return this.ended(current, ended);
+    return this.ended(current, ended, call);
   }
 
   /** Notify what a run or an abandon ended and claimed; the next call to run. */
-  private ended(current: string, row: EndedRow): Claimed {
-    const { notifier } = this.activator.options;
+  private ended(current: string, row: EndedRow, call: CallLog): Claimed {
+    const { notifier, logger } = this.activator.options;
+    if (row.done_status) logger.info({ ...call, status: row.done_status }, row.done_status === 'WAITING' ? 'execution will retry' : 'execution ended');
     if (row.done_seq !== null) notifier.event(current, row.done_seq, row.done_status!);
     if (row.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
     if (row.next_id !== null) notifier.event(row.next_id, row.next_seq!, 'RUNNING');
-    return { id: row.next_id, timeoutMs: row.next_timeout_ms ?? 0, transactional: row.next_transactional ?? true };
+    return {
+      id: row.next_id,
+      timeoutMs: row.next_timeout_ms ?? 0,
+      transactional: row.next_transactional ?? true,
+      token: row.next_token ?? null,
+      procedure: row.next_procedure ?? null,
+    };
   }
 }
 
@@ -320,6 +337,16 @@ interface ClaimRow {
   seq: string | null;
   timeout_ms: number | null;
   transactional: boolean | null;
+  token: string | null;
+  procedure: string | null;
+}
+
+/** What an execution's log lines carry. */
+interface CallLog {
+  token: string | null;
+  procedure: string | null;
+  queue: string;
+  worker: string;
 }
 
 /** The next call a slot runs (id null: none claimed). */
@@ -327,6 +354,8 @@ interface Claimed {
   id: string | null;
   timeoutMs: number;
   transactional: boolean;
+  token: string | null;
+  procedure: string | null;
 }
 
 /** What run(), conclude() and abandon() report: the call they ended, the next one they claimed. */
@@ -337,6 +366,8 @@ interface EndedRow {
   next_seq?: string | null;
   next_timeout_ms?: number | null;
   next_transactional?: boolean | null;
+  next_token?: string | null;
+  next_procedure?: string | null;
 }
 
 export class PostgresActivator implements Closeable {
