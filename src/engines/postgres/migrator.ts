@@ -32,21 +32,8 @@ async function withMigrationLock<T>(pool: pg.Pool, fn: (client: pg.PoolClient) =
   }
 }
 
-/** Clients inside inTransaction: a nested call joins the transaction already open. */
-const inside = new WeakSet<pg.PoolClient>();
-
 /** `fn` in one transaction on `client`: committed when it resolves, rolled back when it throws. */
 async function inTransaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> {
-  if (inside.has(client)) return fn();
-  inside.add(client);
-  try {
-    return await transaction(client, fn);
-  } finally {
-    inside.delete(client);
-  }
-}
-
-async function transaction<T>(client: pg.PoolClient, fn: () => Promise<T>): Promise<T> {
   await client.query('begin');
   try {
     const result = await fn();
@@ -85,9 +72,10 @@ export async function migrate(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Pr
  * A file that changes a routine's signature drops the old one first.
  */
 export function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
-  return withMigrationLock(pool, (client) => applyChangedRoutines(client, dir));
+  return withMigrationLock(pool, (client) => inTransaction(client, () => applyChangedRoutines(client, dir)));
 }
 
+/** The changed routine files, inside the caller's transaction. */
 async function applyChangedRoutines(client: pg.PoolClient, dir: string): Promise<string[]> {
   const files = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
   const texts = await Promise.all(files.map((f) => readFile(path.join(dir, f), 'utf8')));
@@ -100,25 +88,24 @@ async function applyChangedRoutines(client: pg.PoolClient, dir: string): Promise
     .map((file, i) => ({ file, text: texts[i], sha256: createHash('sha256').update(texts[i]).digest('hex') }))
     .filter((r) => known.get(r.file) !== r.sha256);
   if (!changed.length) return [];
-  await inTransaction(client, async () => {
-    await client.query('set local check_function_bodies = off');
-    for (const routine of changed) {
-      try {
-        await client.query(routine.text);
-      } catch (error) {
-        throw new Error(`routine ${routine.file} failed: ${(error as Error).message}`, { cause: error });
-      }
-      await client.query(
-        `insert into asyncproc.routines (name, sha256) values ($1, $2)
-         on conflict (name) do update set sha256 = excluded.sha256, applied_at = now()`,
-        [routine.file, routine.sha256],
-      );
+  await client.query('set local check_function_bodies = off');
+  for (const routine of changed) {
+    try {
+      await client.query(routine.text);
+    } catch (error) {
+      throw new Error(`routine ${routine.file} failed: ${(error as Error).message}`, { cause: error });
     }
-    await client.query(CLOSE_ROUTINES);
-  });
+    await client.query(
+      `insert into asyncproc.routines (name, sha256) values ($1, $2)
+       on conflict (name) do update set sha256 = excluded.sha256, applied_at = now()`,
+      [routine.file, routine.sha256],
+    );
+  }
+  await client.query(CLOSE_ROUTINES);
   return changed.map((r) => r.file);
 }
 
+/** The pending numbered migrations, inside the caller's transaction. */
 async function applyVersions(client: pg.PoolClient, dir: string): Promise<number[]> {
   const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
   await client.query(`create schema if not exists asyncproc;
@@ -131,11 +118,9 @@ async function applyVersions(client: pg.PoolClient, dir: string): Promise<number
     if (done.has(version)) continue;
     const text = await readFile(path.join(dir, file), 'utf8');
     try {
-      await inTransaction(client, async () => {
-        await client.query(text);
-        await client.query('insert into asyncproc.migrations (version, name) values ($1, $2)', [version, file]);
-        await client.query(CLOSE_ROUTINES);
-      });
+      await client.query(text);
+      await client.query('insert into asyncproc.migrations (version, name) values ($1, $2)', [version, file]);
+      await client.query(CLOSE_ROUTINES);
     } catch (error) {
       throw new Error(`migration ${file} failed: ${(error as Error).message}`, { cause: error });
     }
