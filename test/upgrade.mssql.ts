@@ -21,7 +21,7 @@ import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import sql from 'mssql';
 import { splitBatches } from '../src/engines/mssql/batches.js';
-import { migrate, MSSQL_SQL_DIR } from '../src/engines/mssql/migrator.js';
+import { migrate, MSSQL_SQL_DIR, VERSIONS_TABLE } from '../src/engines/mssql/migrator.js';
 import { parseMssqlUrl } from '../src/engines/mssql/url.js';
 
 const url = process.env.MSSQL_URL;
@@ -144,13 +144,7 @@ async function migrateAsBeforeProcedureFiles(config: sql.config): Promise<void> 
   const files = (await readdir(MSSQL_SQL_DIR)).filter((f) => /^\d{4}_.+\.sql$/.test(f) && Number(f.slice(0, 4)) <= OLD_LAST_VERSION).sort();
   assert.equal(files.length, OLD_LAST_VERSION);
   await withPool({ ...config, requestTimeout: 0 }, async (pool) => {
-    await pool.request().batch(`
-      IF SCHEMA_ID(N'asyncexec') IS NULL EXEC (N'CREATE SCHEMA asyncexec AUTHORIZATION dbo');
-      IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL
-        CREATE TABLE asyncexec.AsyncExecSchemaVersions (
-          version    int           NOT NULL CONSTRAINT PK_AsyncExecSchemaVersions PRIMARY KEY,
-          name       nvarchar(260) NOT NULL,
-          applied_at datetime2(3)  NOT NULL CONSTRAINT DF_AsyncExecSchemaVersions_applied DEFAULT (SYSUTCDATETIME()));`);
+    await pool.request().batch(VERSIONS_TABLE);
     for (const file of files) {
       const text = await readFile(path.join(MSSQL_SQL_DIR, file), 'utf8');
       const tx = new sql.Transaction(pool);

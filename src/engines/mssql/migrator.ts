@@ -80,15 +80,18 @@ export async function migrate(config: sql.config, dir: string = MSSQL_SQL_DIR): 
   });
 }
 
-async function applyVersions(pool: sql.ConnectionPool, dir: string): Promise<number[]> {
-  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
-  await pool.request().batch(`
+/** The schema and the table of applied versions, made when missing (also how migrators before 0010 began). */
+export const VERSIONS_TABLE = `
     IF SCHEMA_ID(N'asyncexec') IS NULL EXEC (N'CREATE SCHEMA asyncexec AUTHORIZATION dbo');
     IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL
       CREATE TABLE asyncexec.AsyncExecSchemaVersions (
         version    int           NOT NULL CONSTRAINT PK_AsyncExecSchemaVersions PRIMARY KEY,
         name       nvarchar(260) NOT NULL,
-        applied_at datetime2(3)  NOT NULL CONSTRAINT DF_AsyncExecSchemaVersions_applied DEFAULT (SYSUTCDATETIME()));`);
+        applied_at datetime2(3)  NOT NULL CONSTRAINT DF_AsyncExecSchemaVersions_applied DEFAULT (SYSUTCDATETIME()));`;
+
+async function applyVersions(pool: sql.ConnectionPool, dir: string): Promise<number[]> {
+  const files = (await readdir(dir)).filter((f) => /^\d{4}_.+\.sql$/.test(f)).sort();
+  await pool.request().batch(VERSIONS_TABLE);
   const done = new Set(
     (await pool.request().query<{ version: number }>('SELECT version FROM asyncexec.AsyncExecSchemaVersions')).recordset.map((r) => r.version),
   );
