@@ -42,10 +42,11 @@ BEGIN
         SET @message = CONCAT(N'procedure "', @procedure, N'" is not registered',
                               CASE WHEN @registered IS NOT NULL THEN N' (it no longer exists)' END);
         -- registered names are schema-qualified: name the ones an unqualified name may have meant
-        -- (STRING_AGG: SQL Server 2017 and later; the engine targets 2019/2022)
+        -- (STRING_AGG: SQL Server 2017 and later; over nvarchar(max), or a result past 8000 bytes
+        -- fails with 9829 instead of 50001 — "STRING_AGG (Transact-SQL)", return types)
         IF @registered IS NULL AND CHARINDEX(N'.', @procedure) = 0
             SELECT @message = CONCAT(@message, N'. Registered names are schema-qualified: did you mean ',
-                                     STRING_AGG(r.name, N' or ') WITHIN GROUP (ORDER BY r.name), N'?')
+                                     STRING_AGG(CAST(r.name AS nvarchar(max)), N' or ') WITHIN GROUP (ORDER BY r.name), N'?')
             FROM asyncexec.AsyncExecProcedures AS r
             WHERE r.unregistered_at IS NULL AND r.name LIKE N'%.' + REPLACE(REPLACE(REPLACE(@procedure, N'[', N'[[]'), N'%', N'[%]'), N'_', N'[_]')
             HAVING COUNT(*) > 0;
