@@ -184,6 +184,9 @@ describe('mssql listener: every instance hears every completion (0012, usp_Async
     assert.match(text, /WITH EXECUTE AS OWNER/);
     assert.match(text, /SET XACT_ABORT OFF;/);
     assert.doesNotMatch(text, /BEGIN TRANSACTION/);
+    // a failed send is rolled back whole: never inside a caller's transaction
+    const refuse = text.indexOf('IF @@TRANCOUNT > 0\n    BEGIN\n        THROW 50044,');
+    assert.ok(refuse > 0 && refuse < text.indexOf('WHILE 1 = 1'), 'refuses to run inside a transaction, before any send');
     assert.match(text, /WHERE l\.instance_id <> @instance\s+AND l\.heartbeat_at >= DATEADD\(second, -@staleSeconds, SYSUTCDATETIME\(\)\)/, 'not itself, not the stale');
     assert.match(text, /JOIN sys\.services AS s ON s\.name = l\.service_name/, 'only services that exist (else the message waits in sys.transmission_queue)');
     assert.match(text, /CASE WHEN ce\.state IN \('SO', 'CO'\) THEN 1 ELSE 0 END/, 'reuses a dialog that is still open');

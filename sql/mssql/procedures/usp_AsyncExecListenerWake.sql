@@ -19,6 +19,14 @@ BEGIN
             @sent int = 0, @failed int = 0, @errNumber int, @errMessage nvarchar(4000), @begin nvarchar(max);
     DECLARE @targets TABLE (instance_id uniqueidentifier PRIMARY KEY, service_name nvarchar(256), h uniqueidentifier, usable bit);
 
+    -- each send is its own transaction and a failed one is rolled back whole ("ROLLBACK
+    -- TRANSACTION": without a savepoint name it goes to the outermost BEGIN TRAN): inside a
+    -- caller's transaction that would undo the caller's work and end with error 266
+    IF @@TRANCOUNT > 0
+    BEGIN
+        THROW 50044, N'usp_AsyncExecListenerWake sends each wake-up in a transaction of its own: call it outside a transaction', 1;
+    END;
+
     IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecListeners WHERE instance_id = @instance)
     BEGIN
         -- swept, or never registered: nothing to send from (the caller registers again)
