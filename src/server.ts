@@ -16,6 +16,7 @@ import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
+import { useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { ServiceMetrics } from './metrics.js';
@@ -140,6 +141,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
+      useSharedEventExecution(),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
   });
