@@ -2,10 +2,13 @@
  * Fan-out: one event, many subscribers, without paying per subscriber for what they share. An
  * event's selection set is executed once per distinct (document, operation, variables, viewer)
  * and the result object is handed to every subscriber that shares them; the hub hands
- * subscribers that are in step the same event object, so sharing needs no copy.
+ * subscribers that are in step the same event object, so sharing needs no copy. A socket's
+ * messages of one turn of the event loop leave in one write (coalescingWrites).
  */
 import { createSourceEventStream, execute, print, type DocumentNode, type ExecutionArgs, type ExecutionResult } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
+import type { Socket } from 'node:net';
+import WebSocket from 'ws';
 import { callerRoles, isAdmin, ownerFilter, type Principal } from './auth/principal.js';
 
 /** What a subscriber may see of an event: subscribers with equal viewers may share one result. */
@@ -77,5 +80,43 @@ export function useSharedEventExecution(): Plugin {
         });
       });
     },
+  };
+}
+
+/** Bytes a socket may hold unflushed before a send waits for the kernel to take them. */
+const WRITE_AHEAD = 256 * 1024;
+
+/**
+ * The WebSocket class with coalesced writes. graphql-ws sends a subscription's next event only
+ * once the previous send's callback ran, which `ws` calls once the bytes reached the kernel: one
+ * write system call per event per subscriber. Here the first send of a turn of the event loop
+ * corks the TCP socket and the next turn uncorks it, so what was sent in between leaves in one
+ * write; and a send's callback runs at once while the socket holds less than WRITE_AHEAD bytes,
+ * so a subscriber's burst of events fills one write. Past WRITE_AHEAD the callback is the real
+ * one: a peer that stops reading stops its subscription from pulling events, and the hub's bound
+ * on what a stream may hold (ASYNCPROC_MAX_SUBSCRIBER_QUEUE) ends it with SLOW_CONSUMER.
+ */
+export function coalescingWrites(Base: typeof WebSocket): typeof WebSocket {
+  return class CoalescingSocket extends Base {
+    private corked = false;
+
+    override send(data: unknown, optionsOrCallback?: unknown, callback?: (error?: Error) => void): void {
+      const cb = typeof optionsOrCallback === 'function' ? (optionsOrCallback as (error?: Error) => void) : callback;
+      const options = (typeof optionsOrCallback === 'function' ? {} : (optionsOrCallback ?? {})) as object;
+      const raw = (this as unknown as { _socket?: Socket })._socket;
+      if (this.readyState !== this.OPEN || !raw) return super.send(data as Buffer, options, cb);
+      if (!this.corked) {
+        this.corked = true;
+        raw.cork();
+        setImmediate(() => {
+          this.corked = false;
+          raw.uncork();
+        });
+      }
+      if (!cb || raw.writableLength >= WRITE_AHEAD) return super.send(data as Buffer, options, cb);
+      // a failed write closes the socket, and graphql-ws learns of it from 'close'
+      super.send(data as Buffer, options, () => undefined);
+      queueMicrotask(() => cb());
+    }
   };
 }

@@ -16,7 +16,7 @@ import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { EngineError, type Engine } from './engine.js';
-import { useSharedEventExecution } from './fanout.js';
+import { coalescingWrites, useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { ServiceMetrics } from './metrics.js';
@@ -164,7 +164,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
     server,
     path: yoga.graphqlEndpoint,
     maxPayload: options.maxBodyBytes ?? 1024 * 1024,
-    WebSocket: socketClass(options.logger),
+    WebSocket: coalescingWrites(socketClass(options.logger)),
   });
   metrics?.countWebSockets(() => wss.clients.size);
   const { auth } = options;
