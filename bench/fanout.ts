@@ -4,6 +4,8 @@
  * mutation) and run. Per subscriber: when its last event arrived against the last completion (the
  * largest finishedAt); for the service: events delivered per second.
  *
+ * BENCH_FANOUT_WATCHERS=W adds W executionCompleted subscribers, one call each (see runFanout).
+ *
  * Alone, for a profile of the service's side:
  *   BENCH_FANOUT=50 node --cpu-prof --cpu-prof-dir=/tmp/prof --import tsx bench/fanout.ts
  */
@@ -37,10 +39,29 @@ export interface FanoutRun {
   missing: number;
   repeats: number;
   errors: string[];
+  /** With watchers: executionCompleted subscribers, one socket and one call each. */
+  watchers?: WatcherRun;
+}
+
+export interface WatcherRun {
+  count: number;
+  /** Arrival at the watcher − the call's finishedAt (ms): median, p99, largest. */
+  p50Ms: number;
+  p99Ms: number;
+  maxMs: number;
+  /** Watchers that never heard their call end. */
+  missing: number;
+  errors: string[];
 }
 
 /** One run against a service on `databaseUrl` (migrated by the service itself). */
-export async function runFanout(databaseUrl: string, subscribers: number, calls: number): Promise<FanoutRun> {
+/**
+ * With `watchers` > 0, the first `watchers` calls each have an `executionCompleted` subscriber of
+ * their own (another child process, one socket each), and every call is submitted to run at one
+ * instant a few seconds on, once all subscribers are in: the watchers' calls end while the
+ * `executionEvents` subscribers' stream is at its busiest.
+ */
+export async function runFanout(databaseUrl: string, subscribers: number, calls: number, watchers = 0): Promise<FanoutRun> {
   const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent', ASYNCPROC_AUTH: 'none', ASYNCPROC_DEMO: 'true' });
   const app = await startApp(config, silentLogger);
   const endpoint = app.server!.url;
@@ -68,20 +89,30 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
     await next(); // ready: the sockets are opening
     await waitForSubscribers(app.hub!, subscribers);
     const tokens: string[] = [];
+    // with watchers, every call is due at one instant, once the watchers are in
+    const runAt = watchers > 0 ? Date.now() + 10_000 + watchers * 10 : null;
     const t0 = Date.now();
     for (let n = 0; n < calls; n += 100) {
-      const inputs = Array.from({ length: Math.min(100, calls - n) }, () => ({ procedure: 'demo.noop' }));
+      const inputs = Array.from({ length: Math.min(100, calls - n) }, () => ({ procedure: 'demo.noop', ...(runAt ? { runAt: new Date(runAt).toISOString() } : {}) }));
       const data = await gql('mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }', { i: inputs });
       tokens.push(...data.invokeMany.executions.map((e: { token: string }) => e.token));
     }
-    const lastSubmit = Date.now();
+    const watching = runAt ? watch(endpoint, tokens.slice(0, watchers)) : null;
+    if (watching) await waitForSubscribers(app.hub!, subscribers + watchers);
+    if (runAt && Date.now() > runAt) throw new Error(`the ${watchers} watchers took too long to subscribe`);
+    const lastSubmit = runAt ?? Date.now();
     child.send({ expect: tokens });
     const { results } = (await next()) as { results: { events: number; last: number; missing: number; repeats: number; errors: string[] }[] };
+    const watched = await watching;
     const client = new pg.Client({ connectionString: databaseUrl });
     await client.connect();
-    const { rows } = await client.query(`select (extract(epoch from max(finished_at)) * 1000)::float8 as at from asyncproc.executions where token = any($1::uuid[])`, [tokens]);
+    const { rows } = await client.query<{ token: string; at: number }>(
+      `select token::text, (extract(epoch from finished_at) * 1000)::float8 as at from asyncproc.executions where token = any($1::uuid[])`,
+      [tokens],
+    );
     await client.end();
-    const lastFinish = Number(rows[0].at);
+    const finishedAt = new Map(rows.map((r) => [r.token, Number(r.at)]));
+    const lastFinish = Math.max(...finishedAt.values());
     const lasts = results.map((r) => r.last).sort((a, b) => a - b);
     const events = results.reduce((sum, r) => sum + r.events, 0);
     return {
@@ -96,10 +127,28 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       missing: results.reduce((sum, r) => sum + r.missing, 0),
       repeats: results.reduce((sum, r) => sum + r.repeats, 0),
       errors: results.flatMap((r) => r.errors).slice(0, 5),
+      ...(watched ? { watchers: watcherRun(watched, finishedAt) } : {}),
     };
   } finally {
     await app.stop();
   }
+}
+
+/** The watchers' child: subscribes one socket per token, answers with each arrival. */
+async function watch(endpoint: string, tokens: string[]): Promise<{ arrivals: Record<string, number>; errors: string[]; count: number }> {
+  const child = fork(fileURLToPath(new URL('./fanoutWatchers.mjs', import.meta.url)), [JSON.stringify({ url: endpoint, tokens, timeoutMs: 180_000 })], { execArgv: [] });
+  return new Promise((resolve, reject) => {
+    child.on('message', (message: any) => message.arrivals && resolve({ ...message, count: tokens.length }));
+    child.on('exit', (code) => reject(new Error(`the watchers exited (${code}) before answering`)));
+  });
+}
+
+function watcherRun(watched: { arrivals: Record<string, number>; errors: string[]; count: number }, finishedAt: Map<string, number>): WatcherRun {
+  const delays = Object.entries(watched.arrivals)
+    .map(([token, at]) => at - finishedAt.get(token)!)
+    .sort((a, b) => a - b);
+  const at = (q: number) => delays[Math.min(delays.length - 1, Math.floor(q * delays.length))] ?? NaN;
+  return { count: watched.count, p50Ms: at(0.5), p99Ms: at(0.99), maxMs: delays.at(-1) ?? NaN, missing: watched.count - delays.length, errors: watched.errors };
 }
 
 async function waitForSubscribers(hub: { size: number }, n: number): Promise<void> {
@@ -113,7 +162,11 @@ async function waitForSubscribers(hub: { size: number }, n: number): Promise<voi
 export const describeFanout = (r: FanoutRun) =>
   `${r.subscribers} subscribers: ${r.events} events, ${r.rate.toFixed(0)} events/s, last delivery ${(r.delayMs / 1000).toFixed(2)} s after the last completion (median subscriber ${(r.medianDelayMs / 1000).toFixed(2)} s); ` +
   `last completion ${(r.drainMs / 1000).toFixed(2)} s and last delivery ${(r.afterSubmitMs / 1000).toFixed(2)} s after the last submit` +
-  (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '');
+  (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '') +
+  (r.watchers
+    ? `; ${r.watchers.count} executionCompleted watchers: heard their call end p50 ${r.watchers.p50Ms.toFixed(0)} ms, p99 ${r.watchers.p99Ms.toFixed(0)} ms, max ${r.watchers.maxMs.toFixed(0)} ms after it` +
+      (r.watchers.missing || r.watchers.errors.length ? ` — MISSING ${r.watchers.missing}, errors ${JSON.stringify(r.watchers.errors)}` : '')
+    : '');
 
 if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
   const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-fanout-'));
@@ -122,12 +175,13 @@ if (process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.a
   try {
     const sizes = (process.env.BENCH_FANOUT ?? '50').split(',').map(Number);
     const calls = Number(process.env.BENCH_FANOUT_CALLS ?? 3000);
+    const watchers = Number(process.env.BENCH_FANOUT_WATCHERS ?? 0);
     for (const [i, n] of sizes.entries()) {
       const admin = new pg.Client({ connectionString: server.url });
       await admin.connect();
       await admin.query(`create database fanout_${i}`);
       await admin.end();
-      console.log(describeFanout(await runFanout(server.url.replace(/\/postgres$/, `/fanout_${i}`), n, calls)));
+      console.log(describeFanout(await runFanout(server.url.replace(/\/postgres$/, `/fanout_${i}`), n, calls, watchers)));
     }
   } finally {
     await server.stop();
