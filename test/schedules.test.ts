@@ -12,7 +12,7 @@ import { EngineError, type Closeable } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { fireDueSchedules } from '../src/engines/postgres/schedules.js';
 import { nextRunAfter, planFire } from '../src/schedules.js';
-import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 const at = (iso: string) => new Date(iso);
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -44,6 +44,41 @@ describe('next run (croner)', () => {
   });
 });
 
+/** A `serve` process (GraphQL service and worker pool) on `url`, anonymous access, on `port`. */
+function serve(url: string, port: number): { child: ChildProcess; port: number; output: () => string } {
+  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
+    cwd: ROOT,
+    env: { ...process.env, DATABASE_URL: url, PORT: String(port), LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  child.stdout!.on('data', (chunk) => (output += chunk));
+  child.stderr!.on('data', (chunk) => (output += chunk));
+  return { child, port, output: () => output };
+}
+
+async function stop(child: ChildProcess, signal: NodeJS.Signals): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = once(child, 'exit');
+  child.kill(signal);
+  await exited;
+}
+
+const health = (port: number) =>
+  fetch(`http://127.0.0.1:${port}/health`, { signal: AbortSignal.timeout(1000) }).then(
+    (response) => response.ok,
+    () => false,
+  );
+
+async function gql(port: number, query: string, variables: Record<string, unknown>): Promise<{ data?: any; errors?: unknown[] }> {
+  const response = await fetch(`http://127.0.0.1:${port}/graphql`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ query, variables }),
+  });
+  return (await response.json()) as { data?: any; errors?: unknown[] };
+}
+
 describe('schedules on PostgreSQL', () => {
   let cluster: TestCluster;
   let url: string;
@@ -59,11 +94,12 @@ describe('schedules on PostgreSQL', () => {
     await cluster?.stop();
   });
 
-  /** Executions of a schedule per scheduled instant (run_at). */
+  /** Executions of a schedule per scheduled instant (run_at), with when the instant was (first) fired. */
   const firesPerInstant = async (name: string) =>
     (
-      await sql.query<{ run_at: Date; n: number }>(
-        `select run_at, count(*)::int as n from asyncproc.executions where schedule_name = $1 group by run_at order by run_at`,
+      await sql.query<{ run_at: Date; n: number; fired_at: Date }>(
+        `select run_at, count(*)::int as n, min(submitted_at) as fired_at
+           from asyncproc.executions where schedule_name = $1 group by run_at order by run_at`,
         [name],
       )
     ).rows;
@@ -105,12 +141,6 @@ describe('schedules on PostgreSQL', () => {
         env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
         stdio: ['ignore', 'ignore', 'inherit'],
       });
-    const stop = async (child: ChildProcess, signal: NodeJS.Signals) => {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      const exited = once(child, 'exit');
-      child.kill(signal);
-      await exited;
-    };
     const workers = [worker(), worker()];
     try {
       await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
@@ -128,6 +158,45 @@ describe('schedules on PostgreSQL', () => {
       [],
       'every instant fired once',
     );
+    await engine.deleteSchedule(name);
+  });
+
+  it('two service processes (serve): one fire per instant of an every-second schedule; one SIGKILLed mid-way, the other goes on, each instant once', async (t) => {
+    const name = 'two-services';
+    const services = await Promise.all([0, 1].map(async () => serve(url, await freePort())));
+    try {
+      await Promise.all(services.map((s) => waitFor(() => health(s.port), 60_000, `/health of the service on ${s.port}:\n${s.output()}`)));
+      // created through the first service's GraphQL API, as a person would
+      const created = await gql(services[0].port, `mutation($i: CreateScheduleInput!) { createSchedule(input: $i) { schedule { name nextRunAt } } }`, {
+        i: { name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' },
+      });
+      assert.equal(created.errors, undefined, JSON.stringify(created.errors));
+      await waitFor(async () => (await firesPerInstant(name)).length >= 4, 60_000, 'fires from the two services');
+      const killedAt = new Date();
+      await stop(services[0].child, 'SIGKILL');
+      assert.equal(services[0].child.signalCode, 'SIGKILL');
+      await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 4, 60_000, 'fires after the kill');
+      assert.ok(await health(services[1].port), 'the other service still answers');
+      await engine.pauseSchedule(name);
+    } finally {
+      for (const s of services) await stop(s.child, 'SIGTERM');
+    }
+    const fires = await firesPerInstant(name);
+    assert.deepEqual(fires.filter((f) => f.n !== 1), [], 'every instant fired once');
+    // one fire per tick: consecutive instants, except those a late fire collapsed (an instant
+    // whose following instant had passed when it fired counts as missed, and the next fire is
+    // the first instant after that moment: src/schedules.ts planFire)
+    let collapsed = 0;
+    for (let i = 1; i < fires.length; i++) {
+      const [previous, instant] = [fires[i - 1], fires[i]];
+      if (instant.run_at.getTime() - previous.run_at.getTime() === 1000) continue;
+      collapsed += (instant.run_at.getTime() - previous.run_at.getTime()) / 1000 - 1;
+      assert.ok(
+        instant.run_at.getTime() - 1000 <= previous.fired_at.getTime(),
+        `instants between ${previous.run_at.toISOString()} (fired at ${previous.fired_at.toISOString()}) and ${instant.run_at.toISOString()} never fired`,
+      );
+    }
+    t.diagnostic(`${fires.length} instants fired once each, ${collapsed} collapsed by a late fire`);
     await engine.deleteSchedule(name);
   });
 
