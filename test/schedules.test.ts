@@ -3,9 +3,6 @@
  * after a stop, a procedure gone since, and the next-time function across daylight saving.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import { EngineError, type Closeable } from '../src/engine.js';
@@ -13,9 +10,9 @@ import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgr
 import { fireDueSchedules } from '../src/engines/postgres/schedules.js';
 import { nextRunAfter, planFire } from '../src/schedules.js';
 import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { healthy, postGraphql, startProcess, stopProcess } from './support/service.js';
 
 const at = (iso: string) => new Date(iso);
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 describe('next run (croner)', () => {
   it('runs 02:30 Europe/Berlin once on the spring-forward day, at 03:00 CEST, the first valid time after the gap', () => {
@@ -43,41 +40,6 @@ describe('next run (croner)', () => {
     assert.deepEqual(late.next, at('2026-01-01T03:08:00Z'), 'the next instant after now, not one per missed minute');
   });
 });
-
-/** A `serve` process (GraphQL service and worker pool) on `url`, anonymous access, on `port`. */
-function serve(url: string, port: number): { child: ChildProcess; port: number; output: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
-    cwd: ROOT,
-    env: { ...process.env, DATABASE_URL: url, PORT: String(port), LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let output = '';
-  child.stdout!.on('data', (chunk) => (output += chunk));
-  child.stderr!.on('data', (chunk) => (output += chunk));
-  return { child, port, output: () => output };
-}
-
-async function stop(child: ChildProcess, signal: NodeJS.Signals): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = once(child, 'exit');
-  child.kill(signal);
-  await exited;
-}
-
-const health = (port: number) =>
-  fetch(`http://127.0.0.1:${port}/health`, { signal: AbortSignal.timeout(1000) }).then(
-    (response) => response.ok,
-    () => false,
-  );
-
-async function gql(port: number, query: string, variables: Record<string, unknown>): Promise<{ data?: any; errors?: unknown[] }> {
-  const response = await fetch(`http://127.0.0.1:${port}/graphql`, {
-    method: 'POST',
-    headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ query, variables }),
-  });
-  return (await response.json()) as { data?: any; errors?: unknown[] };
-}
 
 describe('schedules on PostgreSQL', () => {
   let cluster: TestCluster;
@@ -135,22 +97,16 @@ describe('schedules on PostgreSQL', () => {
 
   it('two worker processes fire each instant once; one killed (SIGKILL), the other goes on firing each instant once', async () => {
     const name = 'two-processes';
-    const worker = (): ChildProcess =>
-      spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
-        cwd: ROOT,
-        env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
-        stdio: ['ignore', 'ignore', 'inherit'],
-      });
-    const workers = [worker(), worker()];
+    const workers = [startProcess('worker', url).child, startProcess('worker', url).child];
     try {
       await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
       await waitFor(async () => (await firesPerInstant(name)).length >= 3, 60_000, 'fires from the worker processes');
       const killedAt = new Date();
-      await stop(workers[0], 'SIGKILL');
+      await stopProcess(workers[0], 'SIGKILL');
       await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 3, 30_000, 'fires after the kill');
       await engine.pauseSchedule(name);
     } finally {
-      for (const child of workers) await stop(child, 'SIGTERM');
+      for (const child of workers) await stopProcess(child, 'SIGTERM');
     }
     const fires = await firesPerInstant(name);
     assert.deepEqual(
@@ -163,23 +119,23 @@ describe('schedules on PostgreSQL', () => {
 
   it('two service processes (serve): one fire per instant of an every-second schedule; one SIGKILLed mid-way, the other goes on, each instant once', async (t) => {
     const name = 'two-services';
-    const services = await Promise.all([0, 1].map(async () => serve(url, await freePort())));
+    const services = await Promise.all([0, 1].map(async () => startProcess('serve', url, await freePort())));
     try {
-      await Promise.all(services.map((s) => waitFor(() => health(s.port), 60_000, `/health of the service on ${s.port}:\n${s.output()}`)));
+      await Promise.all(services.map((s) => waitFor(() => healthy(s.port), 60_000, `/health of the service on ${s.port}:\n${s.output()}`)));
       // created through the first service's GraphQL API, as a person would
-      const created = await gql(services[0].port, `mutation($i: CreateScheduleInput!) { createSchedule(input: $i) { schedule { name nextRunAt } } }`, {
+      const created = await postGraphql(services[0].port, `mutation($i: CreateScheduleInput!) { createSchedule(input: $i) { schedule { name nextRunAt } } }`, {
         i: { name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' },
       });
       assert.equal(created.errors, undefined, JSON.stringify(created.errors));
       await waitFor(async () => (await firesPerInstant(name)).length >= 4, 60_000, 'fires from the two services');
       const killedAt = new Date();
-      await stop(services[0].child, 'SIGKILL');
+      await stopProcess(services[0].child, 'SIGKILL');
       assert.equal(services[0].child.signalCode, 'SIGKILL');
       await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 4, 60_000, 'fires after the kill');
-      assert.ok(await health(services[1].port), 'the other service still answers');
+      assert.ok(await healthy(services[1].port), 'the other service still answers');
       await engine.pauseSchedule(name);
     } finally {
-      for (const s of services) await stop(s.child, 'SIGTERM');
+      for (const s of services) await stopProcess(s.child, 'SIGTERM');
     }
     const fires = await firesPerInstant(name);
     assert.deepEqual(fires.filter((f) => f.n !== 1), [], 'every instant fired once');
