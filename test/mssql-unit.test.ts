@@ -1499,9 +1499,14 @@ describe('mssql: live progress through CONTEXT_INFO, checked without a server', 
 
   it('a report read from a session is taken only for the call that session runs now, and never replaces a newer one', async () => {
     const read = codeOnly((await currentProcedures()).get('usp_AsyncExecProgressRead')!.text);
-    assert.match(read, /WHERE e\.status = '\s*' AND e\.started_at IS NOT NULL AND d\.execution_id = e\.id/);
+    // both paths (the service's reads of other sessions, the run's own report) take a report only for the call it names
+    assert.equal(read.match(/e\.status = '\s*' AND e\.started_at IS NOT NULL AND d\.execution_id = e\.id/g)?.length, 2);
     assert.match(read, /r\.session_id = e\.session_id/);
     assert.match(read, /s\.session_id = e\.session_id/);
+    assert.match(read, /WHERE e\.id = @id AND e\.session_id = @@SPID/);
+    // the run's own path references no DMV (an impersonated activation context)
+    const own = read.slice(read.indexOf('ELSE'), read.indexOf('MERGE'));
+    assert.doesNotMatch(own, /sys\.dm_/);
     assert.match(read, /WHEN MATCHED AND \(p\.run_started_at < n\.started_at OR \(p\.run_started_at = n\.started_at AND p\.sequence < n\.sequence\)\)/);
     // no EXECUTE AS: the DMVs need the caller's own server permission
     assert.doesNotMatch(read, /EXECUTE\s+AS/i);

@@ -28,24 +28,36 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT OFF;
+    DECLARE @seen TABLE (id bigint PRIMARY KEY, started_at datetime2(3), sequence int, [percent] decimal(5, 2), message nvarchar(54));
     DECLARE @changed TABLE (execution_id bigint);
 
-    WITH seen AS (
-        SELECT e.id, e.started_at, d.sequence, d.[percent], d.message,
-               ROW_NUMBER() OVER (PARTITION BY e.id ORDER BY d.sequence DESC) AS newest
+    -- Two statements, so that the DMVs are referenced only where they are read: the run's own
+    -- path (an activation context, impersonated) never touches them.
+    IF @id IS NULL
+        INSERT @seen (id, started_at, sequence, [percent], message)
+        SELECT id, started_at, sequence, [percent], message
+        FROM (SELECT e.id, e.started_at, d.sequence, d.[percent], d.message,
+                     ROW_NUMBER() OVER (PARTITION BY e.id ORDER BY d.sequence DESC) AS newest
+              FROM asyncexec.AsyncExecResults AS e
+              CROSS APPLY (SELECT r.context_info FROM sys.dm_exec_requests AS r WHERE r.session_id = e.session_id
+                           UNION ALL
+                           SELECT s.context_info FROM sys.dm_exec_sessions AS s WHERE s.session_id = e.session_id) AS c (info)
+              CROSS APPLY asyncexec.AsyncExecProgressReport(c.info) AS d
+              WHERE e.status = 'RUNNING' AND e.started_at IS NOT NULL AND d.execution_id = e.id) AS reports
+        WHERE newest = 1;
+    ELSE
+        INSERT @seen (id, started_at, sequence, [percent], message)
+        SELECT e.id, e.started_at, d.sequence, d.[percent], d.message
         FROM asyncexec.AsyncExecResults AS e
-        CROSS APPLY (SELECT CONTEXT_INFO() WHERE @id IS NOT NULL AND e.session_id = @@SPID
-                     UNION ALL
-                     SELECT r.context_info FROM sys.dm_exec_requests AS r WHERE @id IS NULL AND r.session_id = e.session_id
-                     UNION ALL
-                     SELECT s.context_info FROM sys.dm_exec_sessions AS s WHERE @id IS NULL AND s.session_id = e.session_id) AS c (info)
-        CROSS APPLY asyncexec.AsyncExecProgressReport(c.info) AS d
-        WHERE e.status = 'RUNNING' AND e.started_at IS NOT NULL AND d.execution_id = e.id AND (@id IS NULL OR e.id = @id)
-    )
+        -- "the preferred way to retrieve the context information for the current session"
+        CROSS APPLY asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d
+        WHERE e.id = @id AND e.session_id = @@SPID
+          AND e.status = 'RUNNING' AND e.started_at IS NOT NULL AND d.execution_id = e.id;
+
     -- HOLDLOCK: the key range stays locked from the match to the insert, so two readers
     -- storing the first report of one call cannot both insert it
     MERGE asyncexec.AsyncExecProgress WITH (HOLDLOCK) AS p
-    USING (SELECT id, started_at, sequence, [percent], message FROM seen WHERE newest = 1) AS n
+    USING @seen AS n
        ON p.execution_id = n.id
     WHEN MATCHED AND (p.run_started_at < n.started_at OR (p.run_started_at = n.started_at AND p.sequence < n.sequence)) THEN
         UPDATE SET run_started_at = n.started_at, sequence = n.sequence, [percent] = n.[percent], message = n.message,
