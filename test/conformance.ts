@@ -18,6 +18,7 @@ import {
 import { CompletionHub } from '../src/completionHub.js';
 import type { MssqlEngine } from '../src/engines/mssql/index.js';
 import { canReadOtherSessions } from '../src/engines/mssql/progress.js';
+import mssql from 'mssql';
 import { silentLogger } from '../src/logger.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
@@ -1201,6 +1202,33 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
           await listener.close();
           await hub.close();
         }
+      });
+
+      it('SQL Server: usp_AsyncExecProgress encodes what AsyncExecProgressReport decodes; 50045 for a bad percent; nothing outside a call', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('SQL Server only (PostgreSQL: test/progress.test.ts)');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        // 53 code units, then a pair cut by the 54-unit limit: the high surrogate goes too
+        const message = `${'é'.repeat(53)}😀x`;
+        const { recordsets } = await pool.request().input('message', mssql.NVarChar(200), message).query(`
+          SET CONTEXT_INFO 0x00;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 10, @message = N'outside a call';
+          SELECT d.execution_id FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = 42;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 12.5, @message = N'first';
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 100, @message = @message;
+          SELECT d.execution_id, d.sequence, d.[percent], d.message FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 0;
+          SELECT d.execution_id, d.sequence, d.[percent], d.message FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;
+          SET CONTEXT_INFO 0x00;`);
+        const sets = recordsets as unknown as Record<string, unknown>[][];
+        assert.deepEqual(sets[0], [], 'outside a call nothing is reported');
+        assert.deepEqual(
+          sets[1].map((r) => [String(r.execution_id), r.sequence, Number(r.percent), r.message]),
+          [['42', 2, 100, 'é'.repeat(53)]],
+        );
+        assert.deepEqual(sets[2].map((r) => [r.sequence, Number(r.percent), r.message]), [[3, 0, null]]);
+        await assert.rejects(pool.request().query(`EXEC asyncexec.usp_AsyncExecProgress @percent = 101`), (e: unknown) => (e as { number?: number }).number === 50045);
       });
     });
   });
