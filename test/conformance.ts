@@ -17,6 +17,8 @@ import {
 } from '../src/engine.js';
 import { CompletionHub } from '../src/completionHub.js';
 import type { MssqlEngine } from '../src/engines/mssql/index.js';
+import { canReadOtherSessions } from '../src/engines/mssql/progress.js';
+import mssql from 'mssql';
 import { silentLogger } from '../src/logger.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
@@ -1149,6 +1151,84 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         for (let i = 1; i < runs.length; i++) {
           assert.ok(runs[i].submittedAt >= runs[i - 1].finishedAt!, `fire ${i + 1} was submitted before fire ${i} ended`);
         }
+      });
+    });
+
+    describe('live progress (issue 15)', () => {
+      it('a report is read and announced while the call is RUNNING and its writes are not visible; its last report stays', async () => {
+        // SQL Server reads reports from the sessions running calls, which needs VIEW SERVER STATE;
+        // without it (docs/mssql.md) only the last report, stored with the outcome, is there
+        const live = engine.kind !== 'mssql' || (await canReadOtherSessions((engine as unknown as MssqlEngine).pool));
+        const tag = unique('halfway');
+        const heard: string[] = [];
+        const hub = new CompletionHub(engine, silentLogger);
+        await hub.start();
+        const listener = await engine.startListener({
+          onChange: () => hub.onChange(),
+          onError: () => undefined,
+          onProgress: (id) => {
+            heard.push(id);
+            hub.onProgress(id);
+          },
+        });
+        try {
+          const [execution] = await submit([{ procedure: 'demo.halfway', arguments: { tag } }]);
+          const stream = await hub.progress(execution.token);
+          if (live) {
+            // demo.halfway holds until tag/go is recorded: everything below happens while it runs
+            await waitFor(async () => heard.includes(execution.id), 30_000, 'the listener to announce a report');
+            const read = (await engine.getProgress!([execution.id])).get(execution.id);
+            assert.deepEqual([read?.percent, read?.message], [50, 'half way'], 'the engine reads the report');
+            const event = (await stream.next()).value as Execution;
+            assert.deepEqual([event.token, event.status, event.progress?.percent, event.progress?.message], [execution.token, 'RUNNING', 50, 'half way']);
+            assert.equal((await engine.getExecution(execution.token))!.status, 'RUNNING', 'still running');
+            assert.equal(await harness.ledgerCount(tag), 0, "the call's own write is not visible yet");
+          } else {
+            await waitFor(async () => (await engine.getExecution(execution.token))!.status === 'RUNNING', 30_000, 'the call to run');
+            assert.equal((await engine.getProgress!([execution.id])).size, 0, 'nothing while it runs without the permission');
+          }
+          await submit([{ procedure: 'demo.record', arguments: { tag: `${tag}/go` } }]);
+          const [done] = await finished([execution.token]);
+          assert.equal(done.status, 'SUCCEEDED');
+          assert.equal(await harness.ledgerCount(tag), 1);
+          // the last report stays (PostgreSQL stores it at most a throttle interval after it was made)
+          const last = await waitFor(async () => {
+            const progress = (await engine.getProgress!([execution.id])).get(execution.id);
+            return progress?.percent === 100 ? progress : null;
+          }, 10_000, 'the last report');
+          assert.equal(last.message, 'done');
+          await stream.return?.();
+        } finally {
+          await listener.close();
+          await hub.close();
+        }
+      });
+
+      it('SQL Server: usp_AsyncExecProgress encodes what AsyncExecProgressReport decodes; 50045 for a bad percent; nothing outside a call', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('SQL Server only (PostgreSQL: test/progress.test.ts)');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        // 53 code units, then a pair cut by the 54-unit limit: the high surrogate goes too
+        const message = `${'é'.repeat(53)}😀x`;
+        const { recordsets } = await pool.request().input('message', mssql.NVarChar(200), message).query(`
+          SET CONTEXT_INFO 0x00;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 10, @message = N'outside a call';
+          SELECT d.execution_id FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = 42;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 12.5, @message = N'first';
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 100, @message = @message;
+          SELECT d.execution_id, d.sequence, d.[percent], d.message FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC asyncexec.usp_AsyncExecProgress @percent = 0;
+          SELECT d.execution_id, d.sequence, d.[percent], d.message FROM asyncexec.AsyncExecProgressReport(CONTEXT_INFO()) AS d;
+          EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;
+          SET CONTEXT_INFO 0x00;`);
+        const sets = recordsets as unknown as Record<string, unknown>[][];
+        assert.deepEqual(sets[0], [], 'outside a call nothing is reported');
+        assert.deepEqual(
+          sets[1].map((r) => [String(r.execution_id), r.sequence, Number(r.percent), r.message]),
+          [['42', 2, 100, 'é'.repeat(53)]],
+        );
+        assert.deepEqual(sets[2].map((r) => [r.sequence, Number(r.percent), r.message]), [[3, 0, null]]);
+        await assert.rejects(pool.request().query(`EXEC asyncexec.usp_AsyncExecProgress @percent = 101`), (e: unknown) => (e as { number?: number }).number === 50045);
       });
     });
   });

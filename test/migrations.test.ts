@@ -34,6 +34,7 @@ const LANDED: Record<string, string> = {
   'mssql/0011_run.sql': '5d15b1c8fb834abef9d58eea06cf2106b0dfd6142a4b392ade56d8a07610b3a9',
   'mssql/0012_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
   'mssql/0013_schedules.sql': '4ec042a9d1092caf41fdfabe68280751f3069d6c317970e060ab14fa86a8bc63',
+  'mssql/0014_progress.sql': '0ebc5c9559386559d28840b8699e255d1dc7b0303614c713587386a6dc3260b0',
 };
 
 describe('landed migrations', () => {

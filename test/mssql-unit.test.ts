@@ -1483,3 +1483,45 @@ describe('mssql: identity (0009_identity.sql)', () => {
     assert.doesNotMatch(unfiltered[0].text, /submitted_by =/);
   });
 });
+
+describe('mssql: live progress through CONTEXT_INFO, checked without a server', () => {
+  it('the run names its call for usp_AsyncExecProgress before running it, stores its last report with the outcome, and clears both after', async () => {
+    const run = codeOnly((await currentProcedures()).get('usp_AsyncExecRun')!.text);
+    const named = run.indexOf('EXEC sys.sp_set_session_context @key = ');
+    const call = run.indexOf('EXEC sys.sp_executesql @sql');
+    const stored = run.indexOf('EXEC asyncexec.usp_AsyncExecProgressRead @id = @id');
+    const outcome = run.indexOf('UPDATE asyncexec.AsyncExecResults');
+    assert.ok(named > 0 && named < call, 'the session context names the call before it runs');
+    assert.ok(/SET CONTEXT_INFO 0x00;\s+BEGIN TRY\s+EXEC sys\.sp_executesql @sql/.test(run), "an earlier call's report is cleared before the call");
+    assert.ok(stored > call && stored < outcome, 'the last report is stored before the outcome row is locked');
+    assert.match(run.slice(outcome), /sp_set_session_context @key = '\s*', @value = NULL;\s+SET CONTEXT_INFO 0x00;\s+EXEC sys\.sp_releaseapplock/);
+  });
+
+  it('a report read from a session is taken only for the call that session runs now, and never replaces a newer one', async () => {
+    const read = codeOnly((await currentProcedures()).get('usp_AsyncExecProgressRead')!.text);
+    // both paths (the service's reads of other sessions, the run's own report) take a report only for the call it names
+    assert.equal(read.match(/e\.status = '\s*' AND e\.started_at IS NOT NULL AND d\.execution_id = e\.id/g)?.length, 2);
+    assert.match(read, /r\.session_id = e\.session_id/);
+    assert.match(read, /s\.session_id = e\.session_id/);
+    assert.match(read, /WHERE e\.id = @id AND e\.session_id = @@SPID/);
+    // the run's own path references no DMV (an impersonated activation context)
+    const own = read.slice(read.indexOf('ELSE'), read.indexOf('MERGE'));
+    assert.doesNotMatch(own, /sys\.dm_/);
+    assert.match(read, /WHEN MATCHED AND \(p\.run_started_at < n\.started_at OR \(p\.run_started_at = n\.started_at AND p\.sequence < n\.sequence\)\)/);
+    // no EXECUTE AS: the DMVs need the caller's own server permission
+    assert.doesNotMatch(read, /EXECUTE\s+AS/i);
+  });
+
+  it('encodes a report in at most 128 bytes, in the layout the decoder reads', async () => {
+    const text = await readFile(path.join(MSSQL_SQL_DIR, 'procedures', 'usp_AsyncExecProgress.sql'), 'utf8');
+    const decoder = await readFile(path.join(MSSQL_SQL_DIR, 'procedures', 'AsyncExecProgressReport.sql'), 'utf8');
+    // magic 4 + id 8 + number 4 + percent 2 + length 1 + at most 108 bytes of message
+    assert.match(text, /IF DATALENGTH\(@text\) > 108\s+SET @text = SUBSTRING\(@text, 1, 108\);/);
+    assert.ok(4 + 8 + 4 + 2 + 1 + 108 <= 128);
+    assert.match(text, /0x41455031 \+ CAST\(@id AS binary\(8\)\) \+ CAST\(@sequence AS binary\(4\)\)/);
+    for (const field of ['SUBSTRING(@info, 1, 4) = 0x41455031', 'SUBSTRING(@info, 5, 8) AS bigint', 'SUBSTRING(@info, 13, 4) AS int', 'SUBSTRING(@info, 17, 2) AS smallint', 'SUBSTRING(@info, 20, 2 *']) {
+      assert.ok(decoder.includes(field), field);
+    }
+    assert.match(text, /THROW 50045, @error, 1;/);
+  });
+});

@@ -6,10 +6,14 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
+import { hostname } from 'node:os';
+import { createClient as createWsClient } from 'graphql-ws';
 import { SignJWT } from 'jose';
 import type pg from 'pg';
+import WebSocket from 'ws';
 import { collect, startTestApp, type TestApp } from './support/app.js';
-import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { freePort, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { healthy, postGraphql, startProcess, stopProcess, type ServiceProcess } from './support/service.js';
 
 const SECRET = 'a-test-secret-of-at-least-thirty-two-characters-long';
 
@@ -156,5 +160,55 @@ describe('live progress (PostgreSQL)', () => {
     await assert.rejects(sql.query(`select asyncproc.progress(101)`), /between 0 and 100/);
     // outside a worker it is only a notice
     await sql.query(`select asyncproc.progress(10, 'from psql')`);
+  });
+});
+
+describe('live progress across processes (PostgreSQL)', () => {
+  it('a call run by a `worker` process reports to a subscriber of a `serve` process while it runs, before its writes commit', async () => {
+    const url = await cluster.createDatabase();
+    const db = await cluster.connect(url);
+    // no worker pool in the service: the call can only run in the worker process
+    const service = startProcess('serve', url, await freePort(), { ASYNCPROC_ACTIVATOR: 'false', ASYNCPROC_DEMO: 'true' });
+    let worker: ServiceProcess | undefined;
+    const tag = `across-${Date.now()}`;
+    const ws = createWsClient({ url: `ws://127.0.0.1:${service.port}/graphql`, webSocketImpl: WebSocket, retryAttempts: 0 });
+    try {
+      await waitFor(() => healthy(service.port), 60_000, `/health of serve:\n${service.output()}`);
+      worker = startProcess('worker', url);
+      const invoke = async (procedure: string, args: Record<string, unknown>) => {
+        const { data, errors } = await postGraphql(service.port, `mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, {
+          i: { procedure, arguments: args },
+        });
+        assert.equal(errors, undefined, JSON.stringify(errors));
+        return data.invoke.execution.token as string;
+      };
+      // demo.halfway records its tag, reports 50 % and holds until tag/go is recorded
+      const token = await invoke('demo.halfway', { tag });
+      const iterator = ws.iterate({ query: `subscription($t: ID!) { executionProgress(token: $t) { status worker progress { percent message } } }`, variables: { t: token } });
+      const first = await iterator.next();
+      assert.ok(!first.done, 'a report arrives while the call runs (the stream ended without one)');
+      assert.equal(first.value.errors, undefined, JSON.stringify(first.value));
+      const event = (first.value.data as { executionProgress: { status: string; worker: string; progress: { percent: number; message: string } } }).executionProgress;
+      // at the moment the report arrives: RUNNING in the worker process, its own write not visible
+      const row = (await db.query(`select status from asyncproc.executions where token = $1`, [token])).rows[0];
+      const written = Number((await db.query(`select count(*) as n from demo.ledger where tag = $1`, [tag])).rows[0].n);
+      assert.deepEqual(
+        { event, status: row.status, written },
+        { event: { ...event, status: 'RUNNING', progress: { percent: 50, message: 'half way' } }, status: 'RUNNING', written: 0 },
+      );
+      assert.ok(event.worker.startsWith(`${hostname()}:${worker.child.pid}/`), `run by the worker process (pid ${worker.child.pid}), not ${event.worker}`);
+      await invoke('demo.record', { tag: `${tag}/go` });
+      const rest = await collect(iterator as AsyncIterableIterator<{ data?: any; errors?: unknown }>);
+      const last = rest.at(-1)!.data.executionProgress;
+      assert.deepEqual(last.progress, { percent: 100, message: 'done' }, JSON.stringify(rest));
+      assert.equal(Number((await db.query(`select count(*) as n from demo.ledger where tag = $1`, [tag])).rows[0].n), 1);
+    } finally {
+      // a failed assertion must not leave demo.halfway holding the worker's shutdown for two minutes
+      await db.query(`insert into demo.ledger (tag) values ($1)`, [`${tag}/go`]).catch(() => undefined);
+      await ws.dispose();
+      if (worker) await stopProcess(worker.child, 'SIGTERM');
+      await stopProcess(service.child, 'SIGTERM');
+      await db.end();
+    }
   });
 });

@@ -3,19 +3,16 @@
  * after a stop, a procedure gone since, and the next-time function across daylight saving.
  */
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import { EngineError, type Closeable } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { fireDueSchedules } from '../src/engines/postgres/schedules.js';
 import { nextRunAfter, planFire } from '../src/schedules.js';
-import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { healthy, postGraphql, startProcess, stopProcess } from './support/service.js';
 
 const at = (iso: string) => new Date(iso);
-const ROOT = fileURLToPath(new URL('..', import.meta.url));
 
 describe('next run (croner)', () => {
   it('runs 02:30 Europe/Berlin once on the spring-forward day, at 03:00 CEST, the first valid time after the gap', () => {
@@ -59,11 +56,12 @@ describe('schedules on PostgreSQL', () => {
     await cluster?.stop();
   });
 
-  /** Executions of a schedule per scheduled instant (run_at). */
+  /** Executions of a schedule per scheduled instant (run_at), with when the instant was (first) fired. */
   const firesPerInstant = async (name: string) =>
     (
-      await sql.query<{ run_at: Date; n: number }>(
-        `select run_at, count(*)::int as n from asyncproc.executions where schedule_name = $1 group by run_at order by run_at`,
+      await sql.query<{ run_at: Date; n: number; fired_at: Date }>(
+        `select run_at, count(*)::int as n, min(submitted_at) as fired_at
+           from asyncproc.executions where schedule_name = $1 group by run_at order by run_at`,
         [name],
       )
     ).rows;
@@ -99,28 +97,16 @@ describe('schedules on PostgreSQL', () => {
 
   it('two worker processes fire each instant once; one killed (SIGKILL), the other goes on firing each instant once', async () => {
     const name = 'two-processes';
-    const worker = (): ChildProcess =>
-      spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'worker'], {
-        cwd: ROOT,
-        env: { ...process.env, DATABASE_URL: url, LOG_LEVEL: 'warn', ASYNCPROC_AUTH: 'none' },
-        stdio: ['ignore', 'ignore', 'inherit'],
-      });
-    const stop = async (child: ChildProcess, signal: NodeJS.Signals) => {
-      if (child.exitCode !== null || child.signalCode !== null) return;
-      const exited = once(child, 'exit');
-      child.kill(signal);
-      await exited;
-    };
-    const workers = [worker(), worker()];
+    const workers = [startProcess('worker', url).child, startProcess('worker', url).child];
     try {
       await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' });
       await waitFor(async () => (await firesPerInstant(name)).length >= 3, 60_000, 'fires from the worker processes');
       const killedAt = new Date();
-      await stop(workers[0], 'SIGKILL');
+      await stopProcess(workers[0], 'SIGKILL');
       await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 3, 30_000, 'fires after the kill');
       await engine.pauseSchedule(name);
     } finally {
-      for (const child of workers) await stop(child, 'SIGTERM');
+      for (const child of workers) await stopProcess(child, 'SIGTERM');
     }
     const fires = await firesPerInstant(name);
     assert.deepEqual(
@@ -128,6 +114,45 @@ describe('schedules on PostgreSQL', () => {
       [],
       'every instant fired once',
     );
+    await engine.deleteSchedule(name);
+  });
+
+  it('two service processes (serve): one fire per instant of an every-second schedule; one SIGKILLed mid-way, the other goes on, each instant once', async (t) => {
+    const name = 'two-services';
+    const services = await Promise.all([0, 1].map(async () => startProcess('serve', url, await freePort())));
+    try {
+      await Promise.all(services.map((s) => waitFor(() => healthy(s.port), 60_000, `/health of the service on ${s.port}:\n${s.output()}`)));
+      // created through the first service's GraphQL API, as a person would
+      const created = await postGraphql(services[0].port, `mutation($i: CreateScheduleInput!) { createSchedule(input: $i) { schedule { name nextRunAt } } }`, {
+        i: { name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *' },
+      });
+      assert.equal(created.errors, undefined, JSON.stringify(created.errors));
+      await waitFor(async () => (await firesPerInstant(name)).length >= 4, 60_000, 'fires from the two services');
+      const killedAt = new Date();
+      await stopProcess(services[0].child, 'SIGKILL');
+      assert.equal(services[0].child.signalCode, 'SIGKILL');
+      await waitFor(async () => (await firesPerInstant(name)).filter((f) => f.run_at > killedAt).length >= 4, 60_000, 'fires after the kill');
+      assert.ok(await healthy(services[1].port), 'the other service still answers');
+      await engine.pauseSchedule(name);
+    } finally {
+      for (const s of services) await stopProcess(s.child, 'SIGTERM');
+    }
+    const fires = await firesPerInstant(name);
+    assert.deepEqual(fires.filter((f) => f.n !== 1), [], 'every instant fired once');
+    // one fire per tick: consecutive instants, except those a late fire collapsed (an instant
+    // whose following instant had passed when it fired counts as missed, and the next fire is
+    // the first instant after that moment: src/schedules.ts planFire)
+    let collapsed = 0;
+    for (let i = 1; i < fires.length; i++) {
+      const [previous, instant] = [fires[i - 1], fires[i]];
+      if (instant.run_at.getTime() - previous.run_at.getTime() === 1000) continue;
+      collapsed += (instant.run_at.getTime() - previous.run_at.getTime()) / 1000 - 1;
+      assert.ok(
+        instant.run_at.getTime() - 1000 <= previous.fired_at.getTime(),
+        `instants between ${previous.run_at.toISOString()} (fired at ${previous.fired_at.toISOString()}) and ${instant.run_at.toISOString()} never fired`,
+      );
+    }
+    t.diagnostic(`${fires.length} instants fired once each, ${collapsed} collapsed by a late fire`);
     await engine.deleteSchedule(name);
   });
 

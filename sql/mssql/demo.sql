@@ -22,7 +22,28 @@ BEGIN
     SET NOCOUNT ON;
     -- WAITFOR DELAY takes a time of day up to 24 hours, given here as a datetime variable
     DECLARE @delay datetime = DATEADD(millisecond, CAST(@seconds * 1000 AS int), CAST(0 AS datetime));
+    -- reports its progress (usp_AsyncExecProgress) as it starts and as it wakes
+    EXEC asyncexec.usp_AsyncExecProgress @percent = 0, @message = N'sleeping';
     WAITFOR DELAY @delay;
+    EXEC asyncexec.usp_AsyncExecProgress @percent = 100, @message = N'awake';
+END;
+GO
+
+-- Live progress seen while a call runs: records @tag (visible only when the call commits),
+-- reports half way, then holds until a row tagged @tag + '/go' is committed (by another call of
+-- demo.record), at most two minutes, and reports done.
+CREATE OR ALTER PROCEDURE demo.halfway
+    @tag nvarchar(190)
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @deadline datetime2(3) = DATEADD(second, 120, SYSUTCDATETIME()), @go nvarchar(200) = @tag + N'/go';
+    INSERT demo.ledger (tag) VALUES (@tag);
+    EXEC asyncexec.usp_AsyncExecProgress @percent = 50, @message = N'half way';
+    -- each statement reads the latest committed rows (READ_COMMITTED_SNAPSHOT: a statement-level snapshot)
+    WHILE NOT EXISTS (SELECT 1 FROM demo.ledger WHERE tag = @go) AND SYSUTCDATETIME() < @deadline
+        WAITFOR DELAY '00:00:00.050';
+    EXEC asyncexec.usp_AsyncExecProgress @percent = 100, @message = N'done';
 END;
 GO
 
@@ -104,4 +125,5 @@ EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.noop';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.echo_money';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.date_parts';
 EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.commit_outer';
+EXEC asyncexec.usp_AsyncExecRegister @procedure = N'demo.halfway';
 GO

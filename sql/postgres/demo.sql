@@ -18,6 +18,23 @@ begin
   perform asyncproc.progress(100, 'awake');
 end $$;
 
+-- live progress seen while a call runs: records tag (visible only when the call commits),
+-- reports half way, then holds until a row tagged tag || '/go' is committed (by another call of
+-- demo.record), at most two minutes, and reports done
+create or replace procedure demo.halfway(tag text)
+language plpgsql as $$
+declare
+  deadline timestamptz := clock_timestamp() + interval '120 seconds';
+begin
+  insert into demo.ledger (tag) values (halfway.tag);
+  perform asyncproc.progress(50, 'half way');
+  -- read committed: each statement sees what was committed before it began
+  while not exists (select 1 from demo.ledger l where l.tag = halfway.tag || '/go') and clock_timestamp() < deadline loop
+    perform pg_sleep(0.05);
+  end loop;
+  perform asyncproc.progress(100, 'done');
+end $$;
+
 create or replace procedure demo.fail(message text)
 language plpgsql as $$ begin raise exception '%', message; end $$;
 
@@ -44,3 +61,4 @@ select asyncproc.register('demo.record(text)');
 select asyncproc.register('demo.noop()');
 select asyncproc.register('demo.echo_money(numeric)');
 select asyncproc.register('demo.date_parts(timestamp without time zone)');
+select asyncproc.register('demo.halfway(text)');

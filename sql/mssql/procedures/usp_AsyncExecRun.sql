@@ -154,6 +154,13 @@ BEGIN
         BEGIN
             IF @transactional = 1
                 SAVE TRANSACTION AsyncExecCall;
+            -- Progress (usp_AsyncExecProgress): its reports name this call. The session context
+            -- is this session's own ("any user can set a session context for their session",
+            -- sp_set_session_context); CONTEXT_INFO is cleared of an earlier call's last report,
+            -- which "persists after the stored procedure ... is completed" (SET CONTEXT_INFO).
+            -- 0x00: "you cannot supply a null value".
+            EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = @id;
+            SET CONTEXT_INFO 0x00;
             BEGIN TRY
                 EXEC sys.sp_executesql @sql,
                      N'@__args nvarchar(max), @__names nvarchar(max), @__types nvarchar(max), @__result nvarchar(max) OUTPUT',
@@ -199,6 +206,19 @@ BEGIN
             BEGIN TRANSACTION;
             BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
         END;
+
+        -- The call's last progress report is kept with its outcome, even one made just before
+        -- it ended that no progress reader saw (usp_AsyncExecProgressRead takes the progress
+        -- row before the call's row, as here). A failure there must not cost the outcome.
+        BEGIN TRY
+            EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
+        END TRY
+        BEGIN CATCH
+            IF XACT_STATE() = -1
+            BEGIN
+                THROW;   -- doomed: only the outer CATCH's rollback can follow (the lease runs the call again)
+            END;
+        END CATCH;
 
         -- A batch member locks its batch before its own row (lock order: see the header).
         IF @batchId IS NOT NULL
@@ -272,5 +292,8 @@ BEGIN
         VALUES (@id, @h, @errNumber, @errMessage);
     END CATCH;
 
+    -- the session goes back to reading its queue: no report may be taken for this call any more
+    EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;   -- "setting a value of NULL frees the memory"
+    SET CONTEXT_INFO 0x00;
     EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
 END;

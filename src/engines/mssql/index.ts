@@ -12,6 +12,7 @@ import {
   type ChangeRead,
   type ExecutionFilter,
   type ExecutionPage,
+  type ExecutionProgress,
   type InvokeCall,
   type ListenerSink,
   type NewApiKey,
@@ -38,6 +39,7 @@ import { isToken } from './types.js';
 import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
 import { MssqlListener } from './listener.js';
+import { canReadOtherSessions, getProgress, startProgressReader } from './progress.js';
 import { installDemo, migrate, MSSQL_SQL_DIR } from './migrator.js';
 import {
   configureQueue,
@@ -85,6 +87,8 @@ export interface MssqlEngineOptions {
   retentionMs?: number;
   /** Between the sweeper's recoveries of calls whose dialog is gone (usp_AsyncExecRecover). @default 60000 */
   sweepPeriodMs?: number;
+  /** Between two reads of the running calls' progress reports (progress.ts). @default 500 */
+  progressIntervalMs?: number;
 }
 
 /** The SQL Server engine: activation runs in the database, the service invokes, reads and listens. */
@@ -97,6 +101,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   readonly allowKill: boolean;
   private readonly logger: Logger;
   private readonly closeables = new Closeables();
+  /** Whether the missing permission for live progress was logged (once per engine). */
+  private progressRefusalLogged = false;
   /** The one sweeper of this engine, while the activator or the listener (or both) run. */
   private sweeper: { started: Promise<Sweeper>; users: number } | undefined;
 
@@ -290,6 +296,11 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return getSchedule(this.pool, name);
   }
 
+  /** The latest progress each execution's current or last run reported (asyncexec.AsyncExecProgress; progress.ts). */
+  getProgress(executionIds: readonly string[]): Promise<Map<string, ExecutionProgress>> {
+    return getProgress(this.pool, executionIds);
+  }
+
   getHistory(executionIds: readonly string[]): Promise<Map<string, Attempt[]>> {
     return getHistory(this.pool, executionIds);
   }
@@ -327,7 +338,26 @@ export class MssqlEngine implements Engine<sql.Transaction> {
       await listener.close();
       throw error;
     });
-    return this.closeables.track({ close: async () => void (await Promise.all([sweeper.close(), listener.close()])) });
+    const progress = await this.startProgressReader(sink);
+    return this.closeables.track({ close: async () => void (await Promise.all([progress.close(), sweeper.close(), listener.close()])) });
+  }
+
+  /** Live progress needs other sessions' CONTEXT_INFO: without the permission, say so once and read none. */
+  private async startProgressReader(sink: ListenerSink): Promise<Closeable> {
+    const allowed = await canReadOtherSessions(this.pool).catch((error: unknown) => {
+      this.logger.warn({ err: error }, 'could not check the permission live progress needs; progress is not read');
+      return false;
+    });
+    if (!allowed) {
+      if (!this.progressRefusalLogged) {
+        this.progressRefusalLogged = true;
+        this.logger.warn(
+          'live progress is off: the login lacks VIEW SERVER STATE (VIEW SERVER PERFORMANCE STATE on 2022), which reading the CONTEXT_INFO of the sessions running calls needs; Execution.progress shows only the last report stored with each outcome (docs/mssql.md, "Live progress")',
+        );
+      }
+      return { close: async () => undefined };
+    }
+    return startProgressReader({ pool: this.pool, sink, logger: this.logger, intervalMs: this.options.progressIntervalMs });
   }
 
   /** The engine's one sweeper (sweeper.ts): started by the first user, closed with the last. */

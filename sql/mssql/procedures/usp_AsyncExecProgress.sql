@@ -1,0 +1,66 @@
+-- Called by a running procedure: report how far it has got (asyncproc.progress() on PostgreSQL).
+--
+-- The report goes into this session's CONTEXT_INFO, the one channel out of a running call that
+-- no transaction holds back: "associates up to 128 bytes of binary information with the current
+-- session" (SET CONTEXT_INFO), a session setting and no data modification, so neither the
+-- commit nor a rollback of the call's transaction changes it ("ROLLBACK TRANSACTION ... erase[s]
+-- all data modifications"), and "unlike other SET statements, the new value ... persists after
+-- the stored procedure or trigger is completed". Other sessions read it in the context_info
+-- columns of sys.dm_exec_requests and sys.dm_exec_sessions, with VIEW SERVER STATE (VIEW SERVER
+-- PERFORMANCE STATE on 2022); the service's progress reader does, a few times a second
+-- (src/engines/mssql/progress.ts, docs/mssql.md "Live progress"). A report replaces the one
+-- before: the reader keeps the latest it sees, so a chatty procedure costs nothing more.
+--
+-- The encoding (big-endian integers: CAST of an integer to binary "is padded or truncated on
+-- the left", CAST and CONVERT), 1-based byte positions:
+--     1–4    0x41455031 ('AEP1'): ours, version 1
+--     5–12   the execution's id (bigint), from SESSION_CONTEXT(N'asyncexec.execution'), which
+--            usp_AsyncExecRun sets for each call: the reader takes a report only for the call
+--            its session runs now (session ids are reused)
+--     13–16  the report's number within this run (int, 1, 2, …)
+--     17–18  percent × 100 (smallint, 0–10000)
+--     19     the message's length in UTF-16 code units (0–54), 255 for no message
+--     20–127 the message, UTF-16LE (nvarchar's bytes), at most 54 code units
+-- Views may show the value padded with zeros to 128 bytes: every length is explicit.
+--
+-- Outside a call (no execution in the session context: a direct call, a test) it does nothing.
+-- It overwrites CONTEXT_INFO: a called procedure that uses CONTEXT_INFO for its own purposes
+-- sets its value again after reporting. Errors: 50045 a percent outside 0–100.
+CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecProgress
+    @percent float,
+    @message nvarchar(200) = NULL
+AS
+BEGIN
+    SET NOCOUNT ON;
+    DECLARE @id bigint = TRY_CAST(SESSION_CONTEXT(N'asyncexec.execution') AS bigint),
+            -- "the preferred way to retrieve the context information for the current session"
+            @previous varbinary(128) = CONTEXT_INFO(),
+            @sequence int = 1, @text varbinary(max), @length int, @info varbinary(128), @error nvarchar(2048);
+
+    IF @percent IS NULL OR @percent < 0 OR @percent > 100
+    BEGIN
+        SET @error = CONCAT(N'usp_AsyncExecProgress: @percent must be between 0 and 100, not ', COALESCE(CONVERT(nvarchar(30), @percent), N'NULL'));
+        THROW 50045, @error, 1;
+    END;
+    IF @id IS NULL
+        RETURN;
+
+    IF SUBSTRING(@previous, 1, 4) = 0x41455031 AND SUBSTRING(@previous, 5, 8) = CAST(@id AS binary(8))
+       AND CAST(SUBSTRING(@previous, 13, 4) AS int) < 2147483647
+        SET @sequence = CAST(SUBSTRING(@previous, 13, 4) AS int) + 1;
+
+    SET @text = CAST(@message AS varbinary(max));   -- nvarchar's bytes: UTF-16, little-endian
+    IF DATALENGTH(@text) > 108
+        SET @text = SUBSTRING(@text, 1, 108);
+    -- a high surrogate (U+D800–U+DBFF, the first half of a pair) cut from its second half goes
+    -- too; little-endian, its second byte is 0xD8–0xDB
+    IF DATALENGTH(@text) >= 2 AND SUBSTRING(@text, DATALENGTH(@text), 1) BETWEEN 0xD8 AND 0xDB
+        SET @text = SUBSTRING(@text, 1, DATALENGTH(@text) - 2);
+    SET @length = CASE WHEN @text IS NULL THEN 255 ELSE DATALENGTH(@text) / 2 END;
+
+    SET @info = 0x41455031 + CAST(@id AS binary(8)) + CAST(@sequence AS binary(4))
+              + CAST(CAST(ROUND(@percent * 100, 0) AS smallint) AS binary(2))
+              + CAST(CAST(@length AS tinyint) AS binary(1)) + COALESCE(@text, 0x);
+    -- "SET CONTEXT_INFO does not accept expressions other than constants or variable names"
+    SET CONTEXT_INFO @info;
+END;
