@@ -190,3 +190,106 @@ describe("docs/spa.md's code in Chromium, from another origin", () => {
     });
   }
 });
+
+describe('Relay Node: one global id per object, read back with node(id), seen only by whom may see it', () => {
+  const NODE = `query($id: ID!) { node(id: $id) { __typename id ... on Execution { token } ... on Batch { batchId } } }`;
+  const invoke = async (who: keyof typeof tokens) =>
+    (await gql(who, `mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { id token } } }`)).invoke.execution as { id: string; token: string };
+
+  it('an execution: node(id) round trip; the same id from invoke, execution(token) and both subscriptions', async () => {
+    const cursor = (await gql('alice', '{ changeCursor }')).changeCursor;
+    const { id, token } = await invoke('alice');
+    assert.equal(Buffer.from(id, 'base64').toString(), `Execution:${token}`);
+    assert.deepEqual((await gql('alice', NODE, { id })).node, { __typename: 'Execution', id, token });
+    assert.equal((await gql('alice', `query($t: ID!) { execution(token: $t) { id } }`, { t: token })).execution.id, id);
+    assert.equal((await gql('alice', `query($t: ID!) { execution(token: $t) { token } }`, { t: id })).execution.token, token, 'execution(token:) takes the id too');
+    const completed = await collect(t.ws({ Authorization: as('alice').authorization }).iterate({ query: `subscription { executionCompleted(token: "${token}") { id } }` }));
+    assert.deepEqual(completed.map((r) => r.data), [{ executionCompleted: { id } }]);
+    const [event] = await collect(
+      t.sse(as('alice')).iterate({
+        query: `subscription($after: String) { executionEvents(after: $after, filter: { status: [SUCCEEDED] }) { execution { id token } } }`,
+        variables: { after: cursor },
+      }),
+      1,
+    );
+    assert.deepEqual((event.data as any).executionEvents.execution, { id, token }, 'an event carries the id a list query showed');
+  });
+
+  it("a batch: node(id) round trip; batch, cancelBatch and batchCompleted take the id or the batchId", async () => {
+    const { batch } = (await gql('alice', `mutation { submitBatch(input: { stages: [[{ procedure: "demo.add", arguments: { a: 1, b: 1 } }]] }) { batch { id batchId } } }`)).submitBatch;
+    assert.equal(Buffer.from(batch.id, 'base64').toString(), `Batch:${batch.batchId}`);
+    assert.deepEqual((await gql('alice', NODE, { id: batch.id })).node, { __typename: 'Batch', ...batch });
+    for (const given of [batch.id, batch.batchId]) {
+      assert.deepEqual((await gql('alice', `query($id: ID!) { batch(id: $id) { id batchId } }`, { id: given })).batch, batch);
+      const [ended] = await collect(t.ws({ Authorization: as('alice').authorization }).iterate({ query: `subscription($id: ID!) { batchCompleted(id: $id) { id } }`, variables: { id: given } }));
+      assert.deepEqual(ended.data, { batchCompleted: { id: batch.id } });
+    }
+    const refused = await t.gql(`mutation($id: ID!) { cancelBatch(id: $id) { batch { id } } }`, { id: batch.id }, as('alice'));
+    assert.equal(refused.body.errors?.[0].extensions.code, 'ALREADY_FINISHED', 'cancelBatch found it by its global id');
+    const wrongType = await t.gql(`query($id: ID!) { batch(id: $id) { id } }`, { id: globalId('Execution', batch.batchId) }, as('alice'));
+    assert.equal(wrongType.body.errors?.[0].extensions.code, 'BAD_USER_INPUT', "an Execution's id is not a batch id");
+  });
+
+  it("another caller's object, an unknown id and a malformed one answer null, without an error", async () => {
+    const own = await invoke('alice');
+    const theirs = await invoke('bob');
+    const { batch } = (await gql('bob', `mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }]] }) { batch { id } } }`)).submitBatch;
+    const unknown = '00000000-0000-4000-8000-000000000000';
+    const nulls = [
+      theirs.id,
+      batch.id,
+      globalId('Execution', unknown),
+      globalId('Batch', unknown),
+      globalId('Batch', own.token), // a token is not a batch id
+      globalId('Execution', 'not-a-uuid'),
+      globalId('Procedure', own.token),
+      own.token, // the raw token: node() takes global ids only
+      'nope',
+      '',
+    ];
+    for (const id of nulls) assert.equal((await gql('alice', NODE, { id })).node, null, `node(${JSON.stringify(id)})`);
+    const { nodes } = await gql('alice', `query($ids: [ID!]!) { nodes(ids: $ids) { id } }`, { ids: [own.id, theirs.id, 'nope', own.id] });
+    assert.deepEqual(nodes, [{ id: own.id }, null, null, { id: own.id }]);
+    assert.deepEqual((await gql('bob', NODE, { id: theirs.id })).node, { __typename: 'Execution', id: theirs.id, token: theirs.token }, 'its owner sees it');
+    assert.equal((await gql('admin', NODE, { id: theirs.id })).node.id, theirs.id, 'an admin sees everything');
+  });
+});
+
+describe('ExecutionFilter.schedule over GraphQL', () => {
+  it("executions(filter: { schedule }) and executionEvents(filter: { schedule }) hold the schedule's calls only, replayed and live", async () => {
+    const name = 'spa-every-second';
+    const cursor = (await gql('admin', '{ changeCursor }')).changeCursor;
+    const events: { token: string; schedule: string | null; status: string }[] = [];
+    const stream = t.ws({ Authorization: as('admin').authorization }).iterate({
+      query: `subscription($after: String, $name: String) { executionEvents(after: $after, filter: { schedule: $name }) { execution { token schedule status } } }`,
+      variables: { after: cursor, name },
+    });
+    const reading = (async () => {
+      for await (const result of stream) events.push((result.data as any).executionEvents.execution);
+    })();
+    const ended = (token: string) => waitFor(async () => events.find((e) => e.token === token && e.status === 'SUCCEEDED'), 30_000, `${token} to end`);
+    await gql('admin', `mutation($name: String!) { createSchedule(input: { name: $name, procedure: "demo.record", arguments: { tag: "scheduled" }, cron: "* * * * * *" }) { schedule { name } } }`, { name });
+    const first = await waitFor(async () => events.find((e) => e.status === 'SUCCEEDED'), 30_000, 'a fire to end');
+    // a call of the same procedure submitted by a client, then a fire after it: the stream is live by now
+    const manual = (await gql('admin', `mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "by hand" } }) { execution { token } } }`)).invoke.execution.token;
+    await waitFor(async () => (await gql('admin', `query($t: ID!) { execution(token: $t) { status } }`, { t: manual })).execution.status === 'SUCCEEDED');
+    const seen = new Set(events.map((e) => e.token));
+    const laterFire = await waitFor(async () => events.find((e) => !seen.has(e.token) && e.status === 'SUCCEEDED'), 30_000, 'a later fire to end');
+    await ended(laterFire.token);
+    await gql('admin', `mutation($name: String!) { pauseSchedule(name: $name) { schedule { name } } }`, { name });
+    await stream.return?.();
+    await reading;
+    assert.ok(first.token !== laterFire.token);
+    assert.deepEqual(events.filter((e) => e.token === manual || e.schedule !== name), [], "only the schedule's calls");
+
+    const page = await gql('admin', `query($name: String!) { executions(first: 500, filter: { schedule: $name }) { totalCount nodes { token schedule } } }`, { name });
+    const fired = await gql('admin', `query($name: String!) { schedule(name: $name) { executions { totalCount } } }`, { name });
+    assert.ok(page.executions.totalCount >= 2);
+    assert.equal(page.executions.totalCount, fired.schedule.executions.totalCount);
+    assert.equal(page.executions.nodes.length, page.executions.totalCount);
+    assert.ok(page.executions.nodes.every((e: { schedule: string }) => e.schedule === name));
+    assert.ok(!page.executions.nodes.some((e: { token: string }) => e.token === manual));
+    const manualRow = await gql('admin', `query($t: ID!) { execution(token: $t) { schedule } }`, { t: manual });
+    assert.equal(manualRow.execution.schedule, null);
+  });
+});
