@@ -5,6 +5,7 @@ import type { Principal } from '../auth/principal.js';
 import type { CompletionHub } from '../completionHub.js';
 import type { Engine } from '../engine.js';
 import type { Logger } from '../logger.js';
+import { encodeNodeId } from './ids.js';
 import type { Loaders } from './loaders.js';
 
 export interface Limits {
@@ -42,6 +43,7 @@ export const builder = new SchemaBuilder<{
     nodeQueryOptions: false,
     nodesQueryOptions: false,
     nodesOnConnection: {},
+    encodeGlobalID: encodeNodeId,
     nodeTypeOptions: { description: 'An object with a global `id`: `node(id)` reads it again, and client caches (Relay, Apollo, urql) key it by `id`.' },
   },
 });

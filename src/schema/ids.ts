@@ -1,22 +1,21 @@
-import { decodeGlobalID } from '@pothos/plugin-relay';
 import { EngineError, isUuid } from '../engine.js';
 import { toGraphQLError, userError } from './errors.js';
 
-/** The types with a global `id` (base64 of `Execution:<token>`, `Batch:<batch id>`): each is found by the UUID inside it. */
+/** The types with a global `id` (`Execution:<token>`, `Batch:<batch id>`): each is found by the UUID inside it. */
 export type NodeType = 'Execution' | 'Batch';
 
 const NAMES: Record<NodeType, string> = { Execution: 'token', Batch: 'batch id' };
 
+/** A global id: base64url (no `/`, `+` or `=`), so an app can put it in a URL path or a hash route as it is. */
+export function encodeNodeId(typename: string, id: string | number | bigint): string {
+  return Buffer.from(`${typename}:${id}`).toString('base64url');
+}
+
 /** The type and UUID a global id names; null for anything that is not one of ours. */
 export function decodeNodeId(globalId: string): { typename: NodeType; uuid: string } | null {
-  let decoded: { typename: string; id: string };
-  try {
-    decoded = decodeGlobalID(globalId);
-  } catch {
-    return null;
-  }
-  if (!(decoded.typename in NAMES) || !isUuid(decoded.id)) return null;
-  return { typename: decoded.typename as NodeType, uuid: decoded.id.toLowerCase() };
+  const [typename, uuid, ...rest] = Buffer.from(globalId, 'base64url').toString().split(':');
+  if (rest.length || !Object.hasOwn(NAMES, typename) || !isUuid(uuid ?? '')) return null;
+  return { typename: typename as NodeType, uuid: uuid.toLowerCase() };
 }
 
 /**
