@@ -250,6 +250,8 @@ describe('Relay Node: one global id per object, read back with node(id), seen on
     for (const id of nulls) assert.equal((await gql('alice', NODE, { id })).node, null, `node(${JSON.stringify(id)})`);
     const { nodes } = await gql('alice', `query($ids: [ID!]!) { nodes(ids: $ids) { id } }`, { ids: [own.id, theirs.id, 'nope', own.id] });
     assert.deepEqual(nodes, [{ id: own.id }, null, null, { id: own.id }]);
+    const tooMany = await t.gql(`query($ids: [ID!]!) { nodes(ids: $ids) { id } }`, { ids: Array(101).fill(own.id) }, as('alice'));
+    assert.equal(tooMany.body.errors?.[0].extensions.code, 'BAD_USER_INPUT');
     assert.deepEqual((await gql('bob', NODE, { id: theirs.id })).node, { __typename: 'Execution', id: theirs.id, token: theirs.token }, 'its owner sees it');
     assert.equal((await gql('admin', NODE, { id: theirs.id })).node.id, theirs.id, 'an admin sees everything');
   });
