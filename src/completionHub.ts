@@ -24,6 +24,7 @@ function matches(filter: ExecutionFilter, execution: Execution): boolean {
   if (filter.procedure && filter.procedure !== execution.procedure) return false;
   if (filter.queue && filter.queue !== execution.queue) return false;
   if (filter.submittedBy != null && filter.submittedBy !== execution.submittedBy) return false;
+  if (filter.schedule != null && filter.schedule !== execution.schedule) return false;
   return true;
 }
 

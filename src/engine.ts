@@ -100,6 +100,8 @@ export interface Execution {
   attempts: number;
   maxAttempts: number;
   submittedBy: string | null;
+  /** The schedule that submitted it (null: a client did). */
+  schedule: string | null;
   error: ExecutionError | null;
   result: ExecutionResult | null;
   /** Who ran (or runs) it: worker id on PostgreSQL, `session <spid>` on SQL Server. */

@@ -236,7 +236,7 @@ describe('cancelExecution', () => {
   });
 });
 
-const BATCH = `id status onFailure currentStage stageCount submittedBy submittedAt finishedAt total succeeded failed cancelled
+const BATCH = `id batchId status onFailure currentStage stageCount submittedBy submittedAt finishedAt total succeeded failed cancelled
   stages { stage total waiting pending running succeeded failed cancelled }
   executions { nodes { token procedure status stage startedAt finishedAt batch { id } } }`;
 
@@ -260,7 +260,8 @@ describe('batches and monitoring', () => {
     );
     assert.equal(status, 200, JSON.stringify(body));
     const submitted = body.data.submitBatch.batch;
-    assert.match(submitted.id, /^[0-9a-f-]{36}$/);
+    assert.match(submitted.batchId, /^[0-9a-f-]{36}$/);
+    assert.equal(Buffer.from(submitted.id, 'base64').toString(), `Batch:${submitted.batchId}`, 'id: the global id');
     assert.equal(submitted.status, 'RUNNING');
     assert.equal(submitted.onFailure, 'CANCEL');
     assert.equal(submitted.submittedBy, 'batch-user');

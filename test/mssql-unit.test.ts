@@ -671,6 +671,7 @@ describe('mssql: cancelExecution', () => {
     attempts: 1,
     maxAttempts: 1,
     submittedBy: null,
+    schedule: null,
     error: null,
     result: null,
     worker: null,

@@ -2,8 +2,9 @@ import { resolveArrayConnection } from '@pothos/plugin-relay';
 import { ownerFilter, owns, type Principal } from '../auth/principal.js';
 import { BATCH_STATUSES, EngineError, type Batch, type BatchStage, type Engine, type RunningExecution } from '../engine.js';
 import { builder } from './builder.js';
-import { checkToken, guard, userError } from './errors.js';
+import { guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
+import { withId } from './ids.js';
 import { InvokeInput, checkCallCount, logSubmitted, toCall } from './invoke.js';
 
 const BatchStatusEnum = builder.enumType('BatchStatus', {
@@ -33,7 +34,7 @@ const BatchStageRef = builder.objectRef<BatchStage>('BatchStage').implement({
 });
 
 /** The batch, if the caller may see it: another caller's batch is as unknown as one that never was. */
-async function visibleBatch(engine: Engine, principal: Principal, id: string): Promise<Batch | null> {
+export async function visibleBatch(engine: Engine, principal: Principal, id: string): Promise<Batch | null> {
   const batch = await engine.getBatch(id);
   return batch && owns(principal, batch.submittedBy) ? batch : null;
 }
@@ -43,8 +44,14 @@ const sum = (batch: Batch, key: keyof Omit<BatchStage, 'stage'>) => batch.stages
 export const BatchRef = builder.objectRef<Batch>('Batch').implement({
   description:
     'Executions in ordered stages: the calls of a stage may run in parallel; stage n+1 is released when every execution of stage n has ended.',
+  interfaces: [builder.nodeInterfaceRef()],
   fields: (t) => ({
-    id: t.exposeID('id'),
+    id: t.globalID({
+      description:
+        'Global id (Relay `Node`), the same in every query, mutation and subscription. `batchId` is the batch\'s UUID; `batch`, `cancelBatch` and `batchCompleted` take either.',
+      resolve: (b) => ({ type: 'Batch', id: b.id }),
+    }),
+    batchId: t.exposeID('id', { description: 'The batch\'s UUID (what `id` held before it became the global id).' }),
     status: t.field({ type: BatchStatusEnum, resolve: (b) => b.status }),
     onFailure: t.field({ type: BatchFailurePolicyEnum, resolve: (b) => b.onFailure }),
     currentStage: t.exposeInt('currentStage', { description: 'The stage released last.' }),
@@ -102,10 +109,9 @@ builder.mutationFields((t) => ({
     type: CancelBatchPayload,
     description:
       'Every call of the batch not yet started is cancelled (it never starts); running ones are cancelled as cancelExecution does. An ended batch: ALREADY_FINISHED.',
-    args: { id: t.arg.id({ required: true }) },
+    args: { id: t.arg.id({ required: true, description: 'The batch\'s `id` or `batchId`.' }) },
     resolve: (_root, { id }, { engine, principal, logger }) =>
-      guard(async () => {
-        const batchId = checkToken(String(id), 'batch id');
+      withId(String(id), 'Batch', async (batchId) => {
         if (!(await visibleBatch(engine, principal, batchId))) throw new EngineError('NOT_FOUND', `no batch with id ${batchId}`);
         const batch = await engine.cancelBatch(batchId);
         logger.info({ batchId, status: batch.status, by: principal.subject }, 'batch cancelled');
@@ -146,9 +152,9 @@ builder.queryFields((t) => ({
   batch: t.field({
     type: BatchRef,
     nullable: true,
-    args: { id: t.arg.id({ required: true }) },
+    args: { id: t.arg.id({ required: true, description: 'The batch\'s `id` or `batchId`.' }) },
     description: "null for an unknown id, and for another caller's batch (plain callers see only their own).",
-    resolve: (_root, { id }, { engine, principal }) => guard(() => visibleBatch(engine, principal, checkToken(String(id), 'batch id'))),
+    resolve: (_root, { id }, { engine, principal }) => withId(String(id), 'Batch', (batchId) => visibleBatch(engine, principal, batchId)),
   }),
   running: t.field({
     type: [RunningExecutionRef],
@@ -170,9 +176,9 @@ builder.subscriptionFields((t) => ({
   batchCompleted: t.field({
     type: BatchRef,
     description: 'One event when the batch ends (also if it ended before you subscribed), then the stream ends.',
-    args: { id: t.arg.id({ required: true }) },
+    args: { id: t.arg.id({ required: true, description: 'The batch\'s `id` or `batchId`.' }) },
     subscribe: (_root, { id }, { hub, principal }) =>
-      guard(() => hub.batchCompleted(checkToken(String(id), 'batch id'), (batch) => owns(principal, batch.submittedBy))),
+      withId(String(id), 'Batch', (batchId) => hub.batchCompleted(batchId, (batch) => owns(principal, batch.submittedBy))),
     resolve: (batch) => batch,
   }),
 }));

@@ -5,6 +5,7 @@ import type { Principal } from '../auth/principal.js';
 import type { CompletionHub } from '../completionHub.js';
 import type { Engine } from '../engine.js';
 import type { Logger } from '../logger.js';
+import { encodeNodeId } from './ids.js';
 import type { Loaders } from './loaders.js';
 
 export interface Limits {
@@ -36,8 +37,15 @@ export const builder = new SchemaBuilder<{
 }>({
   plugins: [RelayPlugin],
   defaultFieldNullability: false,
-  // `nodes` beside `edges`: a page's rows without the edge wrapper
-  relay: { nodeQueryOptions: false, nodesQueryOptions: false, nodesOnConnection: {} },
+  // `nodes` beside `edges`: a page's rows without the edge wrapper; node(id) and nodes(ids) are our own (node.ts):
+  // a malformed id answers null there, as an unknown one does, where the plugin's would fail the query
+  relay: {
+    nodeQueryOptions: false,
+    nodesQueryOptions: false,
+    nodesOnConnection: {},
+    encodeGlobalID: encodeNodeId,
+    nodeTypeOptions: { description: 'An object with a global `id`: `node(id)` reads it again, and client caches (Relay, Apollo, urql) key it by `id`.' },
+  },
 });
 
 builder.addScalarType('JSON', JSONResolver);

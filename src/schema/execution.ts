@@ -11,8 +11,9 @@ import {
   type ExecutionResult,
 } from '../engine.js';
 import { builder, type Context } from './builder.js';
-import { checkToken, guard, userError } from './errors.js';
+import { guard, userError } from './errors.js';
 import { checkPageCursor } from './input.js';
+import { withId } from './ids.js';
 
 export const ExecutionStatusEnum = builder.enumType('ExecutionStatus', {
   description: 'WAITING → PENDING → RUNNING → SUCCEEDED | FAILED | CANCELLED; a retry goes back to WAITING.',
@@ -96,7 +97,12 @@ const AttemptRef = builder.objectRef<Attempt>('Attempt').implement({
 
 export const ExecutionRef = builder.objectRef<Execution>('Execution').implement({
   description: 'One requested call of a registered procedure.',
+  interfaces: [builder.nodeInterfaceRef()],
   fields: (t) => ({
+    id: t.globalID({
+      description: 'Global id (Relay `Node`): the same for this execution in every query, mutation and subscription, so a normalised client cache keeps one object per execution. `token` is what the other fields take (they take this id too).',
+      resolve: (e) => ({ type: 'Execution', id: e.token }),
+    }),
     token: t.exposeID('token'),
     procedure: t.exposeString('procedure'),
     arguments: t.field({
@@ -113,6 +119,7 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     attempts: t.exposeInt('attempts'),
     maxAttempts: t.exposeInt('maxAttempts'),
     submittedBy: t.exposeString('submittedBy', { nullable: true }),
+    schedule: t.exposeString('schedule', { nullable: true, description: 'The schedule that started it; null for a call submitted by a client.' }),
     error: t.field({ type: ExecutionErrorRef, nullable: true, resolve: (e) => e.error }),
     result: t.field({ type: ExecutionResultRef, nullable: true, resolve: (e) => e.result }),
     worker: t.exposeString('worker', { nullable: true, description: 'The worker (PostgreSQL) or session (SQL Server) that ran it.' }),
@@ -146,20 +153,28 @@ export const ExecutionFilterInput = builder.inputType('ExecutionFilter', {
     status: t.field({ type: [ExecutionStatusEnum], required: false }),
     procedure: t.string({ required: false }),
     queue: t.string({ required: false }),
+    schedule: t.string({ required: false, description: 'Only the executions this schedule started (its name).' }),
   }),
 });
 
 /** The filter a caller asked for, narrowed to its own executions unless it sees everything. */
 export function toFilter(
-  input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null } | null | undefined,
+  input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null; schedule?: string | null } | null | undefined,
   context: Context,
 ): ExecutionFilter {
   return {
     status: (input?.status as ExecutionFilter['status']) ?? null,
     procedure: input?.procedure ?? null,
     queue: input?.queue ?? null,
+    schedule: input?.schedule ?? null,
     submittedBy: ownerFilter(context.principal),
   };
+}
+
+/** The execution, if the caller may see it: another caller's execution is as unknown as one that never was. */
+export async function visibleExecution({ engine, principal }: Context, token: string): Promise<Execution | null> {
+  const execution = await engine.getExecution(token);
+  return execution && owns(principal, execution.submittedBy) ? execution : null;
 }
 
 export const ExecutionConnectionRef = builder.connectionObject(
@@ -213,12 +228,8 @@ builder.queryFields((t) => ({
     type: ExecutionRef,
     nullable: true,
     args: { token: t.arg.id({ required: true }) },
-    description: "null for an unknown token, and for another caller's execution (plain callers see only their own).",
-    resolve: (_root, { token }, { engine, principal }) =>
-      guard(async () => {
-        const execution = await engine.getExecution(checkToken(String(token)));
-        return execution && owns(principal, execution.submittedBy) ? execution : null;
-      }),
+    description: "null for an unknown token, and for another caller's execution (plain callers see only their own). Takes the execution's `id` too.",
+    resolve: (_root, { token }, context) => withId(String(token), 'Execution', (uuid) => visibleExecution(context, uuid)),
   }),
   executions: t.connection(
     {

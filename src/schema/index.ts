@@ -7,6 +7,7 @@ import './subscription.js';
 import './batch.js';
 import './apiKeys.js';
 import './schedules.js';
+import './node.js';
 
 export type { Context, Limits } from './builder.js';
 

@@ -1,8 +1,9 @@
 import { callerRoles, owns } from '../auth/principal.js';
 import { EngineError, type Execution, type InvokeCall } from '../engine.js';
 import { builder, type Context } from './builder.js';
-import { checkToken, guard, userError } from './errors.js';
+import { guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
+import { withId } from './ids.js';
 import { checkRunAt } from './input.js';
 
 export const InvokeInput = builder.inputType('InvokeInput', {
@@ -111,8 +112,7 @@ builder.mutationFields((t) => ({
       'WAITING/PENDING: cancelled, it never starts. RUNNING: its statement is cancelled in the database and its writes roll back. Finished: ALREADY_FINISHED.',
     args: { token: t.arg.id({ required: true }) },
     resolve: (_root, { token }, { engine, principal, logger }) =>
-      guard(async () => {
-        const id = checkToken(String(token));
+      withId(String(token), 'Execution', async (id) => {
         const execution = await engine.getExecution(id);
         // another caller's execution is refused as an unknown one is: its existence does not leak
         if (!execution || !owns(principal, execution.submittedBy)) throw new EngineError('NOT_FOUND', `no execution with token ${id}`);

@@ -1,7 +1,8 @@
 import { owns } from '../auth/principal.js';
 import { builder } from './builder.js';
-import { checkToken, guard, toGraphQLError } from './errors.js';
+import { toGraphQLError } from './errors.js';
 import { ExecutionEventRef, ExecutionFilterInput, ExecutionRef, toFilter } from './execution.js';
+import { withId } from './ids.js';
 
 builder.subscriptionFields((t) => ({
   executionCompleted: t.field({
@@ -10,7 +11,7 @@ builder.subscriptionFields((t) => ({
     args: { token: t.arg.id({ required: true }) },
     subscribe: (_root, { token }, { hub, principal }) =>
       // another caller's token answers as an unknown one does
-      guard(() => hub.completed(checkToken(String(token)), (execution) => owns(principal, execution.submittedBy))),
+      withId(String(token), 'Execution', (uuid) => hub.completed(uuid, (execution) => owns(principal, execution.submittedBy))),
     resolve: (execution) => execution,
   }),
   executionProgress: t.field({
@@ -19,7 +20,7 @@ builder.subscriptionFields((t) => ({
       "Progress reports of a call as it runs (the procedure calls `asyncproc.progress(percent, message)`), each event the execution with its `progress`: first the latest report, if any, then each newer one (a few a second at most, the latest winning); the stream ends when the execution ends. Nothing on SQL Server but the end. Another caller's token answers as an unknown one does (NOT_FOUND).",
     args: { token: t.arg.id({ required: true }) },
     subscribe: (_root, { token }, { hub, principal }) =>
-      guard(() => hub.progress(checkToken(String(token)), (execution) => owns(principal, execution.submittedBy))),
+      withId(String(token), 'Execution', (uuid) => hub.progress(uuid, (execution) => owns(principal, execution.submittedBy))),
     resolve: (execution) => execution,
   }),
   executionEvents: t.field({

@@ -20,7 +20,7 @@ export type Queryable = sql.ConnectionPool | sql.Transaction;
 
 export const EXECUTION_COLUMNS = `e.id, e.token, e.[procedure], e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
   e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_severity,
-  e.error_state, e.error_line, e.error_procedure, e.error_message, e.result, e.session_id, e.worker, e.row_version, e.batch_id, e.stage`;
+  e.error_state, e.error_line, e.error_procedure, e.error_message, e.result, e.session_id, e.worker, e.row_version, e.batch_id, e.stage, e.schedule_name`;
 
 export interface ExecutionRow {
   id: string | number;
@@ -49,6 +49,7 @@ export interface ExecutionRow {
   /** uniqueidentifier: the driver spells it in capitals. */
   batch_id: string | null;
   stage: number | null;
+  schedule_name: string | null;
 }
 
 /** The error columns shared by AsyncExecResults and AsyncExecAttempts. */
@@ -90,6 +91,7 @@ export function toExecution(row: ExecutionRow): Execution {
     attempts: row.attempts,
     maxAttempts: row.max_attempts,
     submittedBy: row.submitted_by,
+    schedule: row.schedule_name,
     error: toExecutionError(row),
     result: row.status === 'SUCCEEDED' ? decodeResult(row.result) : null,
     worker: row.worker,

@@ -3,7 +3,7 @@ import { toExecutionResult, type Execution, type ExecutionError, type ExecutionF
 /** The columns every execution read selects, in the shape toExecution() expects. */
 export const EXECUTION_COLUMNS = `e.id, e.token, e.procedure, e.arguments, e.queue, e.status, e.submitted_at, e.run_at,
   e.started_at, e.finished_at, e.attempts, e.max_attempts, e.submitted_by, e.error_number, e.error_message,
-  e.error_detail, e.error_context, e.result, e.worker, e.backend_pid, e.seq, e.batch_id, e.stage`;
+  e.error_detail, e.error_context, e.result, e.worker, e.backend_pid, e.seq, e.batch_id, e.stage, e.schedule_name`;
 
 export interface ExecutionRow {
   id: string;
@@ -29,6 +29,7 @@ export interface ExecutionRow {
   seq: string;
   batch_id: string | null;
   stage: number | null;
+  schedule_name: string | null;
 }
 
 /** PL/pgSQL reports the line of the failing statement in its context ("… line 3 at RAISE"). */
@@ -75,6 +76,7 @@ export function toExecution(row: ExecutionRow): Execution {
     attempts: row.attempts,
     maxAttempts: row.max_attempts,
     submittedBy: row.submitted_by,
+    schedule: row.schedule_name,
     error: toExecutionError(row),
     result: row.result && toExecutionResult(row.result),
     worker: row.worker,
