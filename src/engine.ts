@@ -535,7 +535,7 @@ export interface Engine<Tx = unknown> {
   purge(olderThanMs: number): Promise<number>;
   /**
    * The latest progress each execution (by id) reported during its current or last attempt;
-   * executions with none are absent. Engines without live progress (SQL Server) omit it.
+   * executions with none are absent. An engine without live progress omits it.
    */
   getProgress?(executionIds: readonly string[]): Promise<Map<string, ExecutionProgress>>;
   /**

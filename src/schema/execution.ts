@@ -128,7 +128,7 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
       type: ExecutionProgressRef,
       nullable: true,
       description:
-        'The latest progress the current (or last) attempt reported; null when it reported none, and always on SQL Server (see docs/mssql.md).',
+        'The latest progress the current (or last) attempt reported; null when it reported none. On SQL Server the procedure calls `asyncexec.usp_AsyncExecProgress` and the service needs VIEW SERVER STATE to read it while the call runs (see docs/mssql.md).',
       resolve: (e, _args, { loaders }) => (e.progress !== undefined ? e.progress : loaders.progress.load(e.id)),
     }),
     history: t.field({
