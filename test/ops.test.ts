@@ -235,4 +235,17 @@ describe('log lines of one execution', () => {
     const cancelled = logged.find((line) => line.token === later && line.msg === 'execution cancelled');
     assert.equal(cancelled?.procedure, 'demo.add');
   });
+
+  it('carry its token and procedure when its worker was lost and it runs again', async () => {
+    const token = await invoke({ procedure: 'demo.add', arguments: { a: 2, b: 3 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
+    // a worker that claimed it and died: RUNNING, and nobody holds its lock
+    await db.sql.query(`update asyncproc.executions set status = 'RUNNING', started_at = now(), run_at = null, attempts = attempts + 1 where token = $1`, [token]);
+    await waitFor(async () => logged.some((line) => line.token === token && line.msg === 'execution ended'), 20_000, 'the call run again to its end');
+    const story = logged.filter((line) => line.token === token).map((line) => line.msg);
+    const recovered = logged.find((line) => line.token === token && line.msg.startsWith('execution recovered'));
+    assert.ok(recovered, JSON.stringify(story));
+    assert.equal(recovered.procedure, 'demo.add');
+    assert.equal(recovered.status, 'PENDING');
+    assert.ok(story.indexOf(recovered.msg) < story.lastIndexOf('execution started'), JSON.stringify(story));
+  });
 });

@@ -497,7 +497,16 @@ export class PostgresActivator implements Closeable {
   private async tick(): Promise<void> {
     if (this.stopping) return;
     try {
-      await this.pool.query('select asyncproc.recover(), asyncproc.release_due()');
+      const { rows: recovered } = await this.pool.query<{ token: string; procedure: string; status: string; error_number: string | null }>(
+        'select token, procedure, status, error_number from asyncproc.recover_lost()',
+      );
+      for (const r of recovered) {
+        this.options.logger.warn(
+          { token: r.token, procedure: r.procedure, status: r.status, errorNumber: r.error_number ?? undefined },
+          r.status === 'PENDING' ? 'execution recovered: its worker was lost; it runs again' : 'execution ended: its worker was lost',
+        );
+      }
+      await this.pool.query('select asyncproc.release_due()');
       await fireDueSchedules(this.pool);
       if (!this.dueTimer) this.scheduleDue();
       await this.vacuumReady();
