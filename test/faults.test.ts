@@ -314,9 +314,10 @@ describe('faults', () => {
       const tokens = await invokeSql(Array.from({ length: 20 }, () => ['faults.record_then_sleep', { tag, seconds: 0.4 }] as [string, Record<string, unknown>]));
       const client = app.ws();
       const completions = tokens.map((token) =>
-        collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`, variables: { t: token } })),
+        // the deadline covers the restart and every call after it: generous for a loaded machine
+        collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`, variables: { t: token } }), Infinity, 150_000),
       );
-      await waitFor(async () => app.app.hub!.size === tokens.length, 5000, 'subscriptions registered');
+      await waitFor(async () => app.app.hub!.size === tokens.length, 30_000, 'subscriptions registered');
       await waitFor(async () => (await engine.getExecutions(tokens)).some((e) => e.status === 'RUNNING'), 10_000, 'calls running');
 
       await sql.end();
