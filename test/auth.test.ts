@@ -5,10 +5,11 @@
  * that it exists; roles gate the admin mutations and each procedure's calls.
  */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { createServer, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { after, before, describe, it } from 'node:test';
+import { promisify } from 'node:util';
 import { exportJWK, exportSPKI, generateKeyPair, SignJWT, type JWTPayload } from 'jose';
 import WebSocket from 'ws';
 import { startApp } from '../src/app.js';
@@ -17,6 +18,8 @@ import { JwtVerifier } from '../src/auth/jwt.js';
 import { silentLogger } from '../src/logger.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
 import { sleep, startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const execFileAsync = promisify(execFile);
 
 const SECRET = 'a-test-secret-of-at-least-thirty-two-characters';
 const ISSUER = 'https://issuer.test';
@@ -274,9 +277,20 @@ describe('ownership: a plain caller sees only its own work, and cannot tell anot
       variables: { after: cursor },
     });
     const during = [await invoke(bob), await invoke(alice)];
-    const events = await collect(stream, 2, 20_000);
-    assert.deepEqual(events.map((e) => e.data!.executionEvents.execution.token).sort(), [before[1].token, during[1].token].sort());
-    assert.ok(events.every((e) => e.data!.executionEvents.execution.submittedBy === 'alice'));
+    // alice's calls of earlier tests may end after the cursor too: read until both of these came
+    const heard: { token: string; submittedBy: string }[] = [];
+    const reading = (async () => {
+      for await (const event of stream) {
+        heard.push(event.data!.executionEvents.execution);
+        if ([before[1].token, during[1].token].every((token) => heard.some((e) => e.token === token))) break;
+      }
+    })();
+    await Promise.race([reading, sleep(20_000)]);
+    await stream.return?.();
+    const tokens = heard.map((e) => e.token);
+    assert.ok(tokens.includes(before[1].token) && tokens.includes(during[1].token), `alice heard ${JSON.stringify(heard)}`);
+    assert.ok(!tokens.includes(before[0].token) && !tokens.includes(during[0].token), "alice heard bob's call");
+    assert.ok(heard.every((e) => e.submittedBy === 'alice'), JSON.stringify(heard));
   });
 });
 
@@ -387,22 +401,23 @@ describe('API keys', () => {
 
 describe('api-key command', () => {
   it('makes the first admin key from the command line; list shows it; revoke stops it', async () => {
-    const cli = (...args: string[]) => {
-      const run = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'api-key', ...args], {
+    // not spawnSync: a blocked event loop lets the service's idle keep-alive sockets time out
+    // under the test's HTTP client, whose next request then fails
+    const cli = async (...args: string[]) => {
+      const run = await execFileAsync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'api-key', ...args], {
         cwd: new URL('..', import.meta.url).pathname,
         env: { ...process.env, DATABASE_URL: databaseUrl, ASYNCPROC_AUTH: 'required' },
         encoding: 'utf8',
-      });
-      assert.equal(run.status, 0, run.stderr);
+      }).catch((error: { code?: number; stderr?: string }) => assert.fail(`exit ${error.code}: ${error.stderr}`));
       return run.stdout.trim();
     };
-    const secret = cli('create', '--name', 'first-admin', '--roles', 'admin');
+    const secret = await cli('create', '--name', 'first-admin', '--roles', 'admin');
     assert.match(secret, /^apk_[A-Za-z0-9_-]{43}$/);
     const keys = await t.gql(`{ apiKeys { id name roles } }`, {}, { authorization: `ApiKey ${secret}` });
     const key = keys.body.data.apiKeys.find((k: { name: string }) => k.name === 'first-admin');
     assert.deepEqual(key.roles, ['admin'], 'the key works, as an admin');
-    assert.match(cli('list'), /first-admin\s+roles=admin/);
-    assert.match(cli('revoke', key.id), /REVOKED/);
+    assert.match(await cli('list'), /first-admin\s+roles=admin/);
+    assert.match(await cli('revoke', key.id), /REVOKED/);
     await refused(() => t.gql(`{ apiKeys { id } }`, {}, { authorization: `ApiKey ${secret}` }), 'UNAUTHENTICATED', 401);
   });
 });
