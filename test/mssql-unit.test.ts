@@ -1495,6 +1495,8 @@ describe('mssql: live progress through CONTEXT_INFO, checked without a server', 
     assert.ok(named > 0 && named < call, 'the session context names the call before it runs');
     assert.ok(/SET CONTEXT_INFO 0x00;\s+BEGIN TRY\s+EXEC sys\.sp_executesql @sql/.test(run), "an earlier call's report is cleared before the call");
     assert.ok(stored > call && stored < outcome, 'the last report is stored before the outcome row is locked');
+    // the last report is stored only in the outcome's own transaction: an error that doomed or ended it is rethrown
+    assert.match(run.slice(call, outcome), /IF SUBSTRING\(CONTEXT_INFO\(\), 1, 4\) = 0x41455031\s+BEGIN\s+BEGIN TRY\s+EXEC asyncexec\.usp_AsyncExecProgressRead @id = @id;\s+END TRY\s+BEGIN CATCH\s+IF XACT_STATE\(\) <> 1\s+BEGIN\s+THROW;/);
     assert.match(run.slice(outcome), /sp_set_session_context @key = '\s*', @value = NULL;\s+SET CONTEXT_INFO 0x00;\s+EXEC sys\.sp_releaseapplock/);
   });
 

@@ -209,16 +209,28 @@ BEGIN
 
         -- The call's last progress report is kept with its outcome, even one made just before
         -- it ended that no progress reader saw (usp_AsyncExecProgressRead takes the progress
-        -- row before the call's row, as here). A failure there must not cost the outcome.
-        BEGIN TRY
-            EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() = -1
-            BEGIN
-                THROW;   -- doomed: only the outer CATCH's rollback can follow (the lease runs the call again)
-            END;
-        END CATCH;
+        -- row before the call's row, as here). Only when this session's CONTEXT_INFO holds a
+        -- report of ours ("the new context value is returned by the CONTEXT_INFO function
+        -- when it is run in the same batch as the SET statement"): a call that never reported
+        -- costs no procedure call and no key-range lock here.
+        -- An ordinary failure there (a lock timeout) costs the report, not the outcome. But
+        -- the outcome may only be written in the transaction opened above: if the error doomed
+        -- it (XACT_STATE -1, "can only request a full rollback") or ended it (XACT_STATE 0, "no
+        -- active user transaction": a deadlock victim's transaction is rolled back), going on
+        -- would write the outcome in autocommit mode while the call's own writes were undone.
+        -- THROW: the outer CATCH rolls back what is left; the lease runs the call again.
+        IF SUBSTRING(CONTEXT_INFO(), 1, 4) = 0x41455031
+        BEGIN
+            BEGIN TRY
+                EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 1
+                BEGIN
+                    THROW;
+                END;
+            END CATCH;
+        END;
 
         -- A batch member locks its batch before its own row (lock order: see the header).
         IF @batchId IS NOT NULL
