@@ -159,7 +159,23 @@ BEGIN
             -- sp_set_session_context); CONTEXT_INFO is cleared of an earlier call's last report,
             -- which "persists after the stored procedure ... is completed" (SET CONTEXT_INFO).
             -- 0x00: "you cannot supply a null value".
-            EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = @id;
+            -- The session context can refuse: a called procedure runs on this session and may
+            -- have set our key with @read_only = 1 ("the value for the specified key can't be
+            -- changed again on this logical connection") or filled it ("the total size of the
+            -- session context is limited to 1 MB ... the statement fails"). That costs this
+            -- call's live progress (its reports name another call, which the readers' guard
+            -- refuses), never the call: without the TRY every later call of this reader would
+            -- fail here. Only a doomed transaction ("can only request a full rollback",
+            -- XACT_STATE) goes on to the outer CATCH.
+            BEGIN TRY
+                EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = @id;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() = -1
+                BEGIN
+                    THROW;
+                END;
+            END CATCH;
             SET CONTEXT_INFO 0x00;
             BEGIN TRY
                 EXEC sys.sp_executesql @sql,
@@ -304,8 +320,16 @@ BEGIN
         VALUES (@id, @h, @errNumber, @errMessage);
     END CATCH;
 
-    -- the session goes back to reading its queue: no report may be taken for this call any more
-    EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;   -- "setting a value of NULL frees the memory"
+    -- the session goes back to reading its queue: no report may be taken for this call any more.
+    -- The session context may refuse (a read_only key, see above): that must not keep the
+    -- application lock from being released (an error here would pass control to the CATCH of
+    -- usp_AsyncExecActivated, skipping what follows); "BEGIN CATCH [ { sql_statement |
+    -- statement_block } ] END CATCH" (TRY...CATCH): the block may be empty.
     SET CONTEXT_INFO 0x00;
+    BEGIN TRY
+        EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;   -- "setting a value of NULL frees the memory"
+    END TRY
+    BEGIN CATCH
+    END CATCH;
     EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
 END;
