@@ -54,8 +54,15 @@ BEGIN
         WHERE e.id = @id AND e.session_id = @@SPID
           AND e.status = 'RUNNING' AND e.started_at IS NOT NULL AND d.execution_id = e.id;
 
-    -- HOLDLOCK: the key range stays locked from the match to the insert, so two readers
-    -- storing the first report of one call cannot both insert it
+    -- HOLDLOCK: "equivalent to SERIALIZABLE" (table hints), under which "other transactions
+    -- can't insert new rows with key values that would fall in the range of keys read by any
+    -- statements in the current transaction until the current transaction completes" (SET
+    -- TRANSACTION ISOLATION LEVEL): the key range stays locked from the match to the insert,
+    -- so two readers (or a reader and usp_AsyncExecRun) storing the first report of one call
+    -- cannot both insert it (no 2627). Held to the end of the transaction: in the service's
+    -- call that is this statement; in usp_AsyncExecRun, its outcome's commit (calls that
+    -- reported and have no row yet may queue there on the same range a moment). MERGE
+    -- "requires a semicolon (;) as a statement terminator" (error 10713 otherwise).
     MERGE asyncexec.AsyncExecProgress WITH (HOLDLOCK) AS p
     USING @seen AS n
        ON p.execution_id = n.id
