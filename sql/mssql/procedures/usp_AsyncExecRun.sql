@@ -65,7 +65,7 @@ BEGIN
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
             @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
             @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @batchId uniqueidentifier,
-            @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0;
+            @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0, @fresh bit = 0;
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id, @transactional = COALESCE(e.transactional, 1),
@@ -221,6 +221,7 @@ BEGIN
         BEGIN
             BEGIN TRANSACTION;
             BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+            SET @fresh = 1;   -- none of the call's work is in this transaction
         END;
 
         -- The call's last progress report is kept with its outcome, even one made just before
@@ -230,20 +231,31 @@ BEGIN
         -- when it is run in the same batch as the SET statement"): a call that never reported
         -- costs no procedure call and no key-range lock here.
         -- An ordinary failure there (a lock timeout) costs the report, not the outcome. But
-        -- the outcome may only be written in the transaction opened above: if the error doomed
-        -- it (XACT_STATE -1, "can only request a full rollback") or ended it (XACT_STATE 0, "no
+        -- the outcome may only be written in a transaction: if the error doomed ours
+        -- (XACT_STATE -1, "can only request a full rollback") or ended it (XACT_STATE 0, "no
         -- active user transaction": a deadlock victim's transaction is rolled back), going on
-        -- would write the outcome in autocommit mode while the call's own writes were undone.
-        -- THROW: the outer CATCH rolls back what is left; the lease runs the call again.
+        -- would write the outcome in autocommit mode. If that transaction held the call's own
+        -- writes, they are lost with it: THROW, the outer CATCH rolls back what is left and the
+        -- lease runs the call again. If it was the fresh one above (the call's work committed
+        -- already, or undone already), nothing of the call is lost: open it again without the
+        -- report and record the outcome (otherwise a non-transactional call that succeeded
+        -- would end 50015).
         IF SUBSTRING(CONTEXT_INFO(), 1, 4) = 0x41455031
         BEGIN
             BEGIN TRY
                 EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
             END TRY
             BEGIN CATCH
-                IF XACT_STATE() <> 1
+                IF XACT_STATE() <> 1 AND @fresh = 0
                 BEGIN
                     THROW;
+                END;
+                IF XACT_STATE() = -1
+                    ROLLBACK TRANSACTION;
+                IF @@TRANCOUNT = 0
+                BEGIN
+                    BEGIN TRANSACTION;
+                    BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
                 END;
             END CATCH;
         END;
