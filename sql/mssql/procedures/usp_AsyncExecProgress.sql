@@ -36,6 +36,8 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecProgress
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- SESSION_CONTEXT returns sql_variant, "NULL if no value is set" for the key; TRY_CAST gives
+    -- NULL, not an error, for a value that is not a bigint (someone else's use of the key)
     DECLARE @id bigint = TRY_CAST(SESSION_CONTEXT(N'asyncexec.execution') AS bigint),
             -- "the preferred way to retrieve the context information for the current session"
             @previous varbinary(128) = CONTEXT_INFO(),
@@ -70,6 +72,10 @@ BEGIN
         SET @text = SUBSTRING(@text, 1, DATALENGTH(@text) - 2);
     SET @length = CASE WHEN @text IS NULL THEN 255 ELSE DATALENGTH(@text) / 2 END;
 
+    -- ROUND first: "when you convert data types that differ in decimal places, SQL Server
+    -- sometimes returns a truncated result value, and at other times it returns a rounded
+    -- value" (CAST and CONVERT); a whole number converts exactly, and 0–10000 fits smallint; a + of binary values concatenates them ("+ (String Concatenation)"
+    -- takes binary operands)
     SET @info = 0x41455031 + CAST(@id AS binary(8)) + CAST(@sequence AS binary(4))
               + CAST(CAST(ROUND(@percent * 100, 0) AS smallint) AS binary(2))
               + CAST(CAST(@length AS tinyint) AS binary(1)) + COALESCE(@text, 0x);

@@ -27,6 +27,9 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecProgressRead
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- "When SET XACT_ABORT is OFF, in some cases only the Transact-SQL statement that raised the
+    -- error is rolled back and the transaction continues": a lock timeout here must not doom
+    -- usp_AsyncExecRun's transaction (a SET in a procedure is restored when it returns)
     SET XACT_ABORT OFF;
     DECLARE @seen TABLE (id bigint PRIMARY KEY, started_at datetime2(3), sequence int, [percent] decimal(5, 2), message nvarchar(54));
     DECLARE @changed TABLE (execution_id bigint);
