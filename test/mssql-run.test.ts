@@ -221,7 +221,7 @@ describe('mssql run: calls that run outside a transaction (item 8)', () => {
     assert.equal([...before.matchAll(/BEGIN TRANSACTION;/g)].length, 1);
     assert.match(before, /IF @transactional = 1\s+SAVE TRANSACTION AsyncExecCall;/);
     // after the call: a fresh transaction for the outcome, which locks the dialog first
-    assert.match(run.slice(call), /END;\s+IF @@TRANCOUNT = 0\s+BEGIN\s+BEGIN TRANSACTION;\s+BEGIN CONVERSATION TIMER \(@h\) TIMEOUT = @lease;\s+END;/);
+    assert.match(run.slice(call), /END;\s+IF @@TRANCOUNT = 0\s+BEGIN\s+BEGIN TRANSACTION;\s+BEGIN CONVERSATION TIMER \(@h\) TIMEOUT = @lease;\s+SET @fresh = 1;\s+END;/);
     // the outcome is written only by the run that holds the call
     assert.match(run, /WHERE id = @id AND status = 'RUNNING' AND session_id = @@SPID;/);
 

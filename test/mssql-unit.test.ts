@@ -1495,7 +1495,17 @@ describe('mssql: live progress through CONTEXT_INFO, checked without a server', 
     assert.ok(named > 0 && named < call, 'the session context names the call before it runs');
     assert.ok(/SET CONTEXT_INFO 0x00;\s+BEGIN TRY\s+EXEC sys\.sp_executesql @sql/.test(run), "an earlier call's report is cleared before the call");
     assert.ok(stored > call && stored < outcome, 'the last report is stored before the outcome row is locked');
-    assert.match(run.slice(outcome), /sp_set_session_context @key = '\s*', @value = NULL;\s+SET CONTEXT_INFO 0x00;\s+EXEC sys\.sp_releaseapplock/);
+    // after the outcome: cleared whatever the session context says (a read_only key must not keep the lock)
+    assert.match(
+      run.slice(outcome),
+      /SET CONTEXT_INFO 0x00;\s+BEGIN TRY\s+EXEC sys\.sp_set_session_context @key = '\s*', @value = NULL;\s+END TRY\s+BEGIN CATCH\s+END CATCH;\s+EXEC sys\.sp_releaseapplock/,
+    );
+    // before the call: a refusing session context costs the call's progress, not the call
+    assert.match(run.slice(0, call), /BEGIN TRY\s+EXEC sys\.sp_set_session_context @key = '\s*', @value = @id;\s+END TRY\s+BEGIN CATCH\s+IF XACT_STATE\(\) = -1\s+BEGIN\s+THROW;\s+END;\s+END CATCH;/);
+    // the last report is stored only in the outcome's own transaction: an error that doomed or ended it is rethrown
+    assert.match(run.slice(call, outcome), /IF SUBSTRING\(CONTEXT_INFO\(\), 1, 4\) = 0x41455031\s+BEGIN\s+BEGIN TRY\s+EXEC asyncexec\.usp_AsyncExecProgressRead @id = @id;\s+END TRY\s+BEGIN CATCH\s+IF XACT_STATE\(\) <> 1 AND @fresh = 0\s+BEGIN\s+THROW;\s+END;\s+IF XACT_STATE\(\) = -1\s+ROLLBACK TRANSACTION;\s+IF @@TRANCOUNT = 0\s+BEGIN\s+BEGIN TRANSACTION;\s+BEGIN CONVERSATION TIMER \(@h\) TIMEOUT = @lease;/);
+    // only a transaction that holds none of the call's work may be begun again
+    assert.match(run, /BEGIN TRANSACTION;\s+BEGIN CONVERSATION TIMER \(@h\) TIMEOUT = @lease;\s+SET @fresh = 1;/);
   });
 
   it('a report read from a session is taken only for the call that session runs now, and never replaces a newer one', async () => {

@@ -2,8 +2,13 @@
 -- file): one row (execution_id, sequence, percent, message), or none for a value that is not a
 -- well-formed report of ours (another use of CONTEXT_INFO, zeros, NULL). Views may pad the
 -- value with zeros to 128 bytes; every length used here is the encoded one.
--- binary to integer: "the data is padded or truncated on the left" (CAST and CONVERT), the
--- inverse of the encoding's CAST; binary to nvarchar reads UTF-16LE, nvarchar's own bytes.
+-- binary to integer: the inverse of the encoding's CAST to binary (binary and varbinary: an
+-- integer is stored big-endian, "0x0001e240" for 123456, and the round trip "always results in
+-- the same value if both conversions are taking place on the same version of SQL Server":
+-- encoder and decoder run on the same server); binary to nvarchar reads the bytes back as
+-- UTF-16LE, nvarchar's own. A value read back (CONTEXT_INFO(), the views) may be padded with
+-- zeros to 128 bytes: every length used here is the encoded one,
+-- so padding is ignored, and a value that is not ours (no 'AEP1', bad lengths) gives no row.
 CREATE OR ALTER FUNCTION asyncexec.AsyncExecProgressReport (@info varbinary(128))
 RETURNS TABLE
 AS

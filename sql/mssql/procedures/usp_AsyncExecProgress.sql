@@ -11,8 +11,12 @@
 -- (src/engines/mssql/progress.ts, docs/mssql.md "Live progress"). A report replaces the one
 -- before: the reader keeps the latest it sees, so a chatty procedure costs nothing more.
 --
--- The encoding (big-endian integers: CAST of an integer to binary "is padded or truncated on
--- the left", CAST and CONVERT), 1-based byte positions:
+-- The encoding (integers big-endian: "When other data types are converted to binary or
+-- varbinary, the data is padded or truncated on the left", and "the integer value 123456 is
+-- stored as a binary 0x0001e240", binary and varbinary; the decoder casts back, and "converting
+-- ... to a binary value of large enough size and then back to that type always results in the
+-- same value if both conversions are taking place on the same version of SQL Server": both run
+-- on the one server, never in the service), 1-based byte positions:
 --     1–4    0x41455031 ('AEP1'): ours, version 1
 --     5–12   the execution's id (bigint), from SESSION_CONTEXT(N'asyncexec.execution'), which
 --            usp_AsyncExecRun sets for each call: the reader takes a report only for the call
@@ -32,11 +36,18 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecProgress
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- SESSION_CONTEXT returns sql_variant, "NULL if no value is set" for the key; TRY_CAST gives
+    -- NULL, not an error, for a value that is not a bigint (someone else's use of the key)
     DECLARE @id bigint = TRY_CAST(SESSION_CONTEXT(N'asyncexec.execution') AS bigint),
             -- "the preferred way to retrieve the context information for the current session"
             @previous varbinary(128) = CONTEXT_INFO(),
             @sequence int = 1, @text varbinary(max), @length int, @info varbinary(128), @error nvarchar(2048);
 
+    -- Checked first, so that a bad percent fails also outside a call. THROW: "The statement
+    -- before the THROW statement must be followed by the semicolon (;)"; error_number "must be
+    -- greater than or equal to 50000"; the severity is always 16. 50045: the next of the numbers
+    -- our procedures raise (50041 to 50044 before it), none mapped to a GraphQL code (errors.ts):
+    -- it reaches the called procedure, and is recorded on the call if uncaught.
     IF @percent IS NULL OR @percent < 0 OR @percent > 100
     BEGIN
         SET @error = CONCAT(N'usp_AsyncExecProgress: @percent must be between 0 and 100, not ', COALESCE(CONVERT(nvarchar(30), @percent), N'NULL'));
@@ -49,7 +60,10 @@ BEGIN
        AND CAST(SUBSTRING(@previous, 13, 4) AS int) < 2147483647
         SET @sequence = CAST(SUBSTRING(@previous, 13, 4) AS int) + 1;
 
-    SET @text = CAST(@message AS varbinary(max));   -- nvarchar's bytes: UTF-16, little-endian
+    -- nvarchar's bytes, UTF-16 little-endian (nvarchar stores UTF-16 whatever the collation;
+    -- a string converted to binary is "padded or truncated on the right", and varbinary(max)
+    -- pads nothing); 108 bytes = 54 code units: 19 + 108 = 127 <= 128 ("up to 128 bytes")
+    SET @text = CAST(@message AS varbinary(max));
     IF DATALENGTH(@text) > 108
         SET @text = SUBSTRING(@text, 1, 108);
     -- a high surrogate (U+D800–U+DBFF, the first half of a pair) cut from its second half goes
@@ -58,6 +72,10 @@ BEGIN
         SET @text = SUBSTRING(@text, 1, DATALENGTH(@text) - 2);
     SET @length = CASE WHEN @text IS NULL THEN 255 ELSE DATALENGTH(@text) / 2 END;
 
+    -- ROUND first: "when you convert data types that differ in decimal places, SQL Server
+    -- sometimes returns a truncated result value, and at other times it returns a rounded
+    -- value" (CAST and CONVERT); a whole number converts exactly, and 0–10000 fits smallint; a + of binary values concatenates them ("+ (String Concatenation)"
+    -- takes binary operands)
     SET @info = 0x41455031 + CAST(@id AS binary(8)) + CAST(@sequence AS binary(4))
               + CAST(CAST(ROUND(@percent * 100, 0) AS smallint) AS binary(2))
               + CAST(CAST(@length AS tinyint) AS binary(1)) + COALESCE(@text, 0x);

@@ -27,6 +27,9 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecProgressRead
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- "When SET XACT_ABORT is OFF, in some cases only the Transact-SQL statement that raised the
+    -- error is rolled back and the transaction continues": a lock timeout here must not doom
+    -- usp_AsyncExecRun's transaction (a SET in a procedure is restored when it returns)
     SET XACT_ABORT OFF;
     DECLARE @seen TABLE (id bigint PRIMARY KEY, started_at datetime2(3), sequence int, [percent] decimal(5, 2), message nvarchar(54));
     DECLARE @changed TABLE (execution_id bigint);
@@ -54,8 +57,15 @@ BEGIN
         WHERE e.id = @id AND e.session_id = @@SPID
           AND e.status = 'RUNNING' AND e.started_at IS NOT NULL AND d.execution_id = e.id;
 
-    -- HOLDLOCK: the key range stays locked from the match to the insert, so two readers
-    -- storing the first report of one call cannot both insert it
+    -- HOLDLOCK: "equivalent to SERIALIZABLE" (table hints), under which "other transactions
+    -- can't insert new rows with key values that would fall in the range of keys read by any
+    -- statements in the current transaction until the current transaction completes" (SET
+    -- TRANSACTION ISOLATION LEVEL): the key range stays locked from the match to the insert,
+    -- so two readers (or a reader and usp_AsyncExecRun) storing the first report of one call
+    -- cannot both insert it (no 2627). Held to the end of the transaction: in the service's
+    -- call that is this statement; in usp_AsyncExecRun, its outcome's commit (calls that
+    -- reported and have no row yet may queue there on the same range a moment). MERGE
+    -- "requires a semicolon (;) as a statement terminator" (error 10713 otherwise).
     MERGE asyncexec.AsyncExecProgress WITH (HOLDLOCK) AS p
     USING @seen AS n
        ON p.execution_id = n.id

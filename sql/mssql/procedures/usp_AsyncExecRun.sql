@@ -65,7 +65,7 @@ BEGIN
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),
             @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
             @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @batchId uniqueidentifier,
-            @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0;
+            @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0, @fresh bit = 0;
     DECLARE @changed TABLE (v binary(8));
 
     SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id, @transactional = COALESCE(e.transactional, 1),
@@ -159,7 +159,23 @@ BEGIN
             -- sp_set_session_context); CONTEXT_INFO is cleared of an earlier call's last report,
             -- which "persists after the stored procedure ... is completed" (SET CONTEXT_INFO).
             -- 0x00: "you cannot supply a null value".
-            EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = @id;
+            -- The session context can refuse: a called procedure runs on this session and may
+            -- have set our key with @read_only = 1 ("the value for the specified key can't be
+            -- changed again on this logical connection") or filled it ("the total size of the
+            -- session context is limited to 1 MB ... the statement fails"). That costs this
+            -- call's live progress (its reports name another call, which the readers' guard
+            -- refuses), never the call: without the TRY every later call of this reader would
+            -- fail here. Only a doomed transaction ("can only request a full rollback",
+            -- XACT_STATE) goes on to the outer CATCH.
+            BEGIN TRY
+                EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = @id;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() = -1
+                BEGIN
+                    THROW;
+                END;
+            END CATCH;
             SET CONTEXT_INFO 0x00;
             BEGIN TRY
                 EXEC sys.sp_executesql @sql,
@@ -205,20 +221,44 @@ BEGIN
         BEGIN
             BEGIN TRANSACTION;
             BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+            SET @fresh = 1;   -- none of the call's work is in this transaction
         END;
 
         -- The call's last progress report is kept with its outcome, even one made just before
         -- it ended that no progress reader saw (usp_AsyncExecProgressRead takes the progress
-        -- row before the call's row, as here). A failure there must not cost the outcome.
-        BEGIN TRY
-            EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
-        END TRY
-        BEGIN CATCH
-            IF XACT_STATE() = -1
-            BEGIN
-                THROW;   -- doomed: only the outer CATCH's rollback can follow (the lease runs the call again)
-            END;
-        END CATCH;
+        -- row before the call's row, as here). Only when this session's CONTEXT_INFO holds a
+        -- report of ours ("the new context value is returned by the CONTEXT_INFO function
+        -- when it is run in the same batch as the SET statement"): a call that never reported
+        -- costs no procedure call and no key-range lock here.
+        -- An ordinary failure there (a lock timeout) costs the report, not the outcome. But
+        -- the outcome may only be written in a transaction: if the error doomed ours
+        -- (XACT_STATE -1, "can only request a full rollback") or ended it (XACT_STATE 0, "no
+        -- active user transaction": a deadlock victim's transaction is rolled back), going on
+        -- would write the outcome in autocommit mode. If that transaction held the call's own
+        -- writes, they are lost with it: THROW, the outer CATCH rolls back what is left and the
+        -- lease runs the call again. If it was the fresh one above (the call's work committed
+        -- already, or undone already), nothing of the call is lost: open it again without the
+        -- report and record the outcome (otherwise a non-transactional call that succeeded
+        -- would end 50015).
+        IF SUBSTRING(CONTEXT_INFO(), 1, 4) = 0x41455031
+        BEGIN
+            BEGIN TRY
+                EXEC asyncexec.usp_AsyncExecProgressRead @id = @id;
+            END TRY
+            BEGIN CATCH
+                IF XACT_STATE() <> 1 AND @fresh = 0
+                BEGIN
+                    THROW;
+                END;
+                IF XACT_STATE() = -1
+                    ROLLBACK TRANSACTION;
+                IF @@TRANCOUNT = 0
+                BEGIN
+                    BEGIN TRANSACTION;
+                    BEGIN CONVERSATION TIMER (@h) TIMEOUT = @lease;
+                END;
+            END CATCH;
+        END;
 
         -- A batch member locks its batch before its own row (lock order: see the header).
         IF @batchId IS NOT NULL
@@ -292,8 +332,16 @@ BEGIN
         VALUES (@id, @h, @errNumber, @errMessage);
     END CATCH;
 
-    -- the session goes back to reading its queue: no report may be taken for this call any more
-    EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;   -- "setting a value of NULL frees the memory"
+    -- the session goes back to reading its queue: no report may be taken for this call any more.
+    -- The session context may refuse (a read_only key, see above): that must not keep the
+    -- application lock from being released (an error here would pass control to the CATCH of
+    -- usp_AsyncExecActivated, skipping what follows); "BEGIN CATCH [ { sql_statement |
+    -- statement_block } ] END CATCH" (TRY...CATCH): the block may be empty.
     SET CONTEXT_INFO 0x00;
+    BEGIN TRY
+        EXEC sys.sp_set_session_context @key = N'asyncexec.execution', @value = NULL;   -- "setting a value of NULL frees the memory"
+    END TRY
+    BEGIN CATCH
+    END CATCH;
     EXEC sys.sp_releaseapplock @Resource = @resource, @LockOwner = 'Session';
 END;

@@ -8,8 +8,10 @@ import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
  * usp_AsyncExecBatchCreate); usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED,
  * 50008 FORBIDDEN; usp_AsyncExecInvoke (0009_identity.sql): 50009 FORBIDDEN, the caller's roles
  * do not allow the procedure. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
- * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50041 of usp_AsyncExecPurge and 50042 of usp_AsyncExecRecover
- * (called inside a transaction): they stay unmapped. 50014 (the callee ended the
+ * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50041 of usp_AsyncExecPurge, 50042 of usp_AsyncExecRecover,
+ * 50043 of usp_AsyncExecFireSchedule and 50044 of usp_AsyncExecListenerWake (called inside a transaction): they
+ * stay unmapped, as 50045 (usp_AsyncExecProgress: a percent outside 0–100), which reaches the called procedure
+ * that reported, never the service's caller. 50014 (the callee ended the
  * transaction it was called in) and 50015 (a non-transactional run lost mid-call) are recorded on
  * executions by usp_AsyncExecRun and usp_AsyncExecActivated, never thrown to a caller.
  */

@@ -17,9 +17,19 @@ import { toError, type Closeable, type ExecutionProgress, type ListenerSink } fr
 import type { Logger } from '../../logger.js';
 import { canonicalExecutionId } from './history.js';
 
-/** Whether this login can see other sessions in sys.dm_exec_requests / sys.dm_exec_sessions. */
+/**
+ * Whether this login can see other sessions in sys.dm_exec_requests / sys.dm_exec_sessions.
+ * Without the permission those views raise no error: "otherwise, the user will see only the
+ * current session" (sys.dm_exec_requests), "everyone can see their own session information"
+ * (sys.dm_exec_sessions), so usp_AsyncExecProgressRead would silently find nothing; this check
+ * is what makes the missing grant visible (once, in the log).
+ */
 export async function canReadOtherSessions(pool: sql.ConnectionPool): Promise<boolean> {
-  // HAS_PERMS_BY_NAME is NULL for a permission the server does not know (the 2022 one, on 2019)
+  // HAS_PERMS_BY_NAME(NULL, NULL, ...) tests a server-level permission ("if the securable is the
+  // server itself, this value should be set to NULL"), "in the security context of the caller"
+  // (the pool's login), counting a permission "implied by a higher-level permission"; both are
+  // asked, so either grant suffices on 2022 whatever the hierarchy. It returns NULL "if the
+  // securable class or permission isn't valid" (VIEW SERVER PERFORMANCE STATE before 2022): 0 then.
   const { recordset } = await pool.request().query<{ allowed: number }>(
     `SELECT CASE WHEN COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER STATE'), 0) = 1
                    OR COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'VIEW SERVER PERFORMANCE STATE'), 0) = 1
