@@ -1,0 +1,329 @@
+/**
+ * The dashboard in a real headless Chromium that may talk to the service only, against the service on
+ * a real PostgreSQL: it follows work live (no reloads), steers it (invoke, cancel), signs in like any
+ * client, and shows a plain caller no action the server would refuse.
+ */
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { after, before, describe, it } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { SignJWT } from 'jose';
+import type pg from 'pg';
+import type { Browser, BrowserContextOptions, Page } from 'playwright-core';
+import { contentSecurityPolicy, DASHBOARD_DIST } from '../src/dashboard.js';
+import { startTestApp, type TestApp } from './support/app.js';
+import { launchChromium } from './support/browser.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const root = fileURLToPath(new URL('..', import.meta.url));
+let cluster: TestCluster;
+let t: TestApp;
+let browser: Browser;
+let databaseUrl: string;
+
+before(async () => {
+  // `npm ci` builds it (prepare); a checkout that skipped the scripts builds it here
+  if (!existsSync(`${DASHBOARD_DIST}index.html`)) execFileSync(process.execPath, ['dashboard/prepare.mjs'], { cwd: root, stdio: 'inherit' });
+  cluster = await startTestCluster();
+  databaseUrl = await cluster.createDatabase();
+  t = await startTestApp(databaseUrl);
+  browser = await launchChromium();
+});
+after(async () => {
+  await browser?.close();
+  await t?.stop();
+  await cluster?.stop();
+});
+
+interface Opened {
+  page: Page;
+  /** Every URL the page requested, WebSockets included. */
+  requested: string[];
+  /** Console errors and uncaught exceptions (a CSP violation is reported as a console error). */
+  errors: string[];
+}
+
+/** A fresh profile on the dashboard of `app`; requests that leave the service are refused, as offline. */
+async function open(app: TestApp, hash = '', options: BrowserContextOptions = {}): Promise<Opened> {
+  const origin = new URL(app.url).origin;
+  const context = await browser.newContext(options);
+  const page = await context.newPage();
+  const opened: Opened = { page, requested: [], errors: [] };
+  page.on('request', (request) => opened.requested.push(request.url()));
+  page.on('websocket', (socket) => opened.requested.push(socket.url()));
+  page.on('console', (message) => message.type() === 'error' && opened.errors.push(message.text()));
+  page.on('pageerror', (error) => opened.errors.push(error.message));
+  // the browser's own record of what the policy refused, whether or not it reaches the console
+  await page.addInitScript(() =>
+    document.addEventListener('securitypolicyviolation', (e) => console.error(`CSP violation: ${e.violatedDirective} ${e.blockedURI}`)),
+  );
+  await context.route('**/*', (route) => (new URL(route.request().url()).origin === origin ? route.continue() : route.abort('internetdisconnected')));
+  await page.goto(`${origin}/dashboard/${hash}`, { timeout: 60_000 });
+  return opened;
+}
+
+async function gqlData<T = any>(app: TestApp, query: string, variables?: Record<string, unknown>, headers?: Record<string, string>): Promise<T> {
+  const { body } = await app.gql<T>(query, variables, headers);
+  assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+  return body.data!;
+}
+
+async function invoke(app: TestApp, input: Record<string, unknown>, headers?: Record<string, string>): Promise<string> {
+  const data = await gqlData(app, 'mutation ($input: InvokeInput!) { invoke(input: $input) { execution { token } } }', { input }, headers);
+  return data.invoke.execution.token;
+}
+
+async function statusOf(app: TestApp, token: string, headers?: Record<string, string>): Promise<string> {
+  return (await gqlData(app, 'query ($token: ID!) { execution(token: $token) { status } }', { token }, headers)).execution.status;
+}
+
+/** Holds demo.ledger so that demo.record(tag) calls run until released: a call that is RUNNING for as long as the test wants. */
+async function holdLedger(): Promise<{ release(): Promise<void> }> {
+  const client: pg.Client = await cluster.connect(databaseUrl);
+  await client.query('begin');
+  await client.query('lock table demo.ledger in access exclusive mode');
+  return {
+    release: async () => {
+      await client.query('commit');
+      await client.end();
+    },
+  };
+}
+
+async function text(page: Page, selector: string): Promise<string> {
+  return (await page.locator(selector).first().innerText()).trim();
+}
+
+/** Wait until the element's text matches (the page updating itself: nothing here reloads it). */
+async function shows(page: Page, selector: string, expected: RegExp | string, timeoutMs = 30_000) {
+  await page
+    .locator(selector)
+    .first()
+    .filter({ hasText: expected })
+    .waitFor({ timeout: timeoutMs })
+    .catch(async (error: Error) => {
+      const now = await page.locator(selector).first().innerText().catch(() => '(absent)');
+      throw new Error(`${selector} never showed ${expected}; it shows: ${now}`, { cause: error });
+    });
+}
+
+/** Marks the document; a reload or a navigation away from the page loses the mark. */
+const mark = (page: Page) => page.evaluate(() => ((window as unknown as { mark: string }).mark = 'unchanged'));
+const marked = (page: Page) => page.evaluate(() => (window as unknown as { mark?: string }).mark);
+
+describe('the dashboard with no internet', () => {
+  it('is served at /dashboard/ (/ redirects there) with its types, cache headers and a strict policy', async () => {
+    const origin = new URL(t.url).origin;
+    const home = await fetch(`${origin}/`, { redirect: 'manual' });
+    assert.equal(home.status, 302);
+    assert.equal(home.headers.get('location'), '/dashboard/');
+    const page = await fetch(`${origin}/dashboard/`);
+    assert.equal(page.status, 200);
+    assert.equal(page.headers.get('content-type'), 'text/html; charset=utf-8');
+    assert.equal(page.headers.get('cache-control'), 'no-cache');
+    const policy = page.headers.get('content-security-policy')!;
+    assert.equal(policy, contentSecurityPolicy(new URL(origin).host));
+    assert.match(policy, /script-src 'self';/);
+    assert.doesNotMatch(policy, /unsafe-inline|unsafe-eval|https?:/);
+    assert.match(policy, new RegExp(`connect-src 'self' ws://${new URL(origin).host} wss://`));
+    const html = await page.text();
+    assert.doesNotMatch(html, /<script>|<script(?![^>]*\bsrc=)[^>]*>/, 'no inline script');
+    const assets = [...html.matchAll(/(?:src|href)="(\/dashboard\/assets\/[^"]+)"/g)].map((m) => m[1]!);
+    assert.ok(assets.some((a) => a.endsWith('.js')) && assets.some((a) => a.endsWith('.css')), assets.join(' '));
+    for (const asset of assets) {
+      const response = await fetch(origin + asset);
+      assert.equal(response.status, 200, asset);
+      assert.equal(response.headers.get('content-type'), asset.endsWith('.js') ? 'text/javascript; charset=utf-8' : 'text/css; charset=utf-8');
+      assert.equal(response.headers.get('cache-control'), 'public, max-age=31536000, immutable');
+    }
+    assert.equal((await fetch(`${origin}/dashboard/assets/nothing-here.js`)).status, 404);
+    // a forged Host header never widens the policy
+    assert.equal(contentSecurityPolicy("evil.test; script-src 'unsafe-inline'"), contentSecurityPolicy(null));
+  });
+
+  it('loads every view from the service alone, with no policy violation', async () => {
+    const { page, requested, errors } = await open(t);
+    await page.locator('[data-queue="default"]').waitFor({ timeout: 60_000 });
+    for (const view of ['running', 'executions', 'batches', 'procedures', 'queues', 'schedules', 'procedure/demo.add']) {
+      await page.goto(`${new URL(t.url).origin}/dashboard/#/${view}`);
+      await page.locator('main.page .card, main.page .note').first().waitFor();
+    }
+    const origin = new URL(t.url).origin;
+    const foreign = requested.filter((url) => new URL(url).host !== new URL(origin).host);
+    assert.deepEqual(foreign, [], 'requests that left the service');
+    assert.ok(requested.includes(`${origin.replace(/^http/, 'ws')}/graphql`), `a graphql-ws socket: ${requested.join(' ')}`);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+});
+
+describe('following work live', () => {
+  it("the overview shows a queue's counts change while calls run", async () => {
+    await gqlData(t, 'mutation { configureQueue(input: { name: "dash", concurrency: 2 }) { queue { name } } }');
+    const { page, errors } = await open(t);
+    const cell = (count: string) => `[data-queue="dash"] [data-count="${count}"]`;
+    await shows(page, cell('running'), /^0/);
+    const tokens = [];
+    for (let i = 0; i < 3; i++) tokens.push(await invoke(t, { procedure: 'demo.sleep', arguments: { seconds: 600 }, queue: 'dash' }));
+    await shows(page, cell('running'), /^2/);
+    await shows(page, cell('pending'), /^1$/);
+    for (const token of tokens) await gqlData(t, 'mutation ($token: ID!) { cancelExecution(token: $token) { execution { token } } }', { token });
+    await shows(page, cell('running'), /^0/);
+    await shows(page, cell('pending'), /^0$/);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('invoking from the procedure form leads to the execution page, which turns SUCCEEDED without a reload', async () => {
+    const ledger = await holdLedger();
+    try {
+      const { page, errors } = await open(t, '#/procedure/demo.record');
+      await page.locator('input[name="tag"]').fill('from the form');
+      await page.getByRole('button', { name: 'Invoke' }).click();
+      await page.waitForURL(/#\/execution\/[0-9a-f-]{36}$/);
+      const token = /execution\/([0-9a-f-]{36})$/.exec(page.url())![1]!;
+      await shows(page, '.facts [data-status]', 'RUNNING');
+      await mark(page);
+      await ledger.release();
+      await shows(page, '.facts [data-status]', 'SUCCEEDED');
+      assert.equal(await marked(page), 'unchanged', 'the page updated itself');
+      assert.equal(await statusOf(t, token), 'SUCCEEDED');
+      assert.match(await text(page, 'table.kv'), /tag\s+"from the form"/);
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    } finally {
+      await ledger.release().catch(() => {});
+    }
+  });
+
+  it('a failing call shows its error and its history', async () => {
+    const token = await invoke(t, { procedure: 'demo.fail', arguments: { message: 'the ledger is closed' }, maxAttempts: 2 });
+    const { page, errors } = await open(t, `#/execution/${token}`);
+    await shows(page, '.facts [data-status]', 'FAILED');
+    await shows(page, '[data-testid="execution-error"]', 'the ledger is closed');
+    assert.match(await text(page, '[data-testid="execution-error"]'), /number\s+P0001/);
+    const attempts = page.locator('[data-testid="history"] li');
+    assert.equal(await attempts.count(), 2);
+    for (let i = 0; i < 2; i++) {
+      const attempt = await attempts.nth(i).innerText();
+      assert.match(attempt, new RegExp(`attempt ${i + 1}\\s+FAILED`));
+      assert.match(attempt, /the ledger is closed/);
+    }
+    // and in the list, where a failure stands out
+    await page.goto(`${new URL(t.url).origin}/dashboard/#/executions`);
+    await page.locator(`tr.failed[data-token="${token}"]`).waitFor();
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('cancelling a running call from the running view (confirmed) ends it CANCELLED', async () => {
+    const token = await invoke(t, { procedure: 'demo.sleep', arguments: { seconds: 600 } });
+    await waitFor(async () => (await statusOf(t, token)) === 'RUNNING', 30_000, 'the call running');
+    const { page, errors } = await open(t, '#/running');
+    const row = page.locator(`tr[data-token="${token}"]`);
+    await row.getByRole('button', { name: 'Cancel' }).click();
+    assert.equal(await statusOf(t, token), 'RUNNING', 'nothing happens before the confirmation');
+    await row.getByRole('button', { name: 'Yes, cancel' }).click();
+    await row.waitFor({ state: 'detached', timeout: 30_000 });
+    await waitFor(async () => (await statusOf(t, token)) === 'CANCELLED', 30_000, 'the call cancelled');
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it("a batch's stage bars advance as its calls end", async () => {
+    const ledger = await holdLedger();
+    try {
+      const { submitBatch } = await gqlData(
+        t,
+        `mutation { submitBatch(input: { stages: [[{ procedure: "demo.record", arguments: { tag: "stage one" } }, { procedure: "demo.add", arguments: { a: 1, b: 2 } }], [{ procedure: "demo.add", arguments: { a: 3, b: 4 } }]] }) { batch { id } } }`,
+      );
+      const { page, errors } = await open(t, `#/batch/${submitBatch.batch.id}`);
+      const counts = (stage: number) => page.locator(`[aria-label="stage ${stage}"][role="progressbar"]`);
+      const ended = async (stage: number) => (await counts(stage).getAttribute('aria-valuenow')) ?? '';
+      await shows(page, '.stage-counts >> nth=0', /^1\/2 ended/);
+      await shows(page, '.stage-counts >> nth=0', /1 running/);
+      assert.equal(await ended(2), '0');
+      await shows(page, '.stage-counts >> nth=1', /1 waiting/);
+      await mark(page);
+      await ledger.release();
+      await shows(page, '.stage-counts >> nth=0', /^2\/2 ended/);
+      await shows(page, '.stage-counts >> nth=1', /^1\/1 ended/);
+      await shows(page, '.facts [data-status]', 'SUCCEEDED');
+      assert.equal(await ended(1), '2');
+      assert.equal(await marked(page), 'unchanged', 'the page updated itself');
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    } finally {
+      await ledger.release().catch(() => {});
+    }
+  });
+});
+
+describe('signing in', () => {
+  const SECRET = 'a-dashboard-test-secret-of-32-characters-or-more';
+  let secured: TestApp;
+  const jwt = (sub: string, roles: string[] = []) =>
+    new SignJWT({ roles }).setProtectedHeader({ alg: 'HS256' }).setSubject(sub).setIssuedAt().setExpirationTime('10m').sign(new TextEncoder().encode(SECRET));
+
+  before(async () => {
+    secured = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_JWT_SECRET: SECRET, ASYNCPROC_RATE_LIMIT: '1000' });
+  });
+  after(async () => {
+    await secured?.stop();
+  });
+
+  async function signIn(page: Page, credential: string) {
+    await page.locator('input[name="credential"]').fill(credential);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+  }
+
+  it('asks for credentials, refuses bad ones with a clear message, and signs in with a JWT', async () => {
+    const { page, errors } = await open(secured);
+    await shows(page, '.signin', 'asks for a JWT or an API key');
+    await signIn(page, 'not-a-jwt');
+    await shows(page, '.signin [role="alert"]', /Signed out: .*(JWT|token)/i);
+    await signIn(page, await jwt('olga', ['operator']));
+    await shows(page, '.who', 'operator');
+    await page.locator('[data-queue="default"]').waitFor();
+    assert.ok(await page.evaluate(() => sessionStorage.getItem('asyncproc.authorization')?.startsWith('Bearer ')));
+    // the browser's own 401s on the way are expected; nothing else may fail
+    assert.deepEqual(errors.filter((e) => !/status of 401/.test(e)), []);
+    await page.context().close();
+  });
+
+  it('shows a plain caller no cancel button nor queue settings, and the server refuses them anyway', async () => {
+    const admin = { authorization: `Bearer ${await jwt('ada', ['admin'])}` };
+    const plain = `Bearer ${await jwt('paul')}`;
+    const token = await invoke(secured, { procedure: 'demo.sleep', arguments: { seconds: 600 } }, admin);
+    await waitFor(async () => (await statusOf(secured, token, admin)) === 'RUNNING', 30_000, 'the call running');
+    try {
+      // an operator sees the call and may cancel it
+      const operator = await open(secured, '#/running');
+      await signIn(operator.page, await jwt('olga', ['operator']));
+      await operator.page.locator(`tr[data-token="${token}"]`).getByRole('button', { name: 'Cancel' }).waitFor();
+      await operator.page.context().close();
+
+      const { page } = await open(secured, '#/running');
+      await signIn(page, plain);
+      await shows(page, '.who', 'caller');
+      await shows(page, 'main.page', 'Nothing runs now');
+      assert.equal(await page.getByRole('button', { name: 'Cancel' }).count(), 0);
+      await page.goto(`${new URL(secured.url).origin}/dashboard/#/execution/${token}`);
+      await shows(page, 'main.page', 'not yours to see');
+      assert.equal(await page.getByRole('button', { name: 'Cancel' }).count(), 0);
+      await page.goto(`${new URL(secured.url).origin}/dashboard/#/queues`);
+      await page.locator('[data-queue="default"]').waitFor();
+      assert.equal(await page.locator('[data-queue] input').count(), 0, 'no concurrency field');
+      await shows(page, 'main.page', 'Only admins');
+      await page.context().close();
+
+      const refused = async (query: string) => (await secured.gql(query, { token }, { authorization: plain })).body.errors?.[0]?.extensions?.code;
+      assert.equal(await refused('mutation ($token: ID!) { cancelExecution(token: $token) { execution { status } } }'), 'NOT_FOUND');
+      assert.equal(await refused('mutation { configureQueue(input: { name: "default", concurrency: 1 }) { queue { name } } }'), 'FORBIDDEN');
+      assert.equal(await statusOf(secured, token, admin), 'RUNNING');
+    } finally {
+      await secured.gql('mutation ($token: ID!) { cancelExecution(token: $token) { execution { status } } }', { token }, admin);
+    }
+  });
+});
