@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { readdirSync, statSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { SignJWT } from 'jose';
@@ -22,9 +22,16 @@ let t: TestApp;
 let browser: Browser;
 let databaseUrl: string;
 
+/** `npm install` builds the dashboard (prepare); a checkout that skipped it, or sources changed since, build here. */
+function ensureBuilt() {
+  const modified = (path: string) => statSync(path, { throwIfNoEntry: false })?.mtimeMs ?? -1;
+  const built = modified(`${DASHBOARD_DIST}index.html`);
+  const sources = ['dashboard/index.html', 'dashboard/vite.config.ts', ...readdirSync(`${root}dashboard/src`, { recursive: true }).map((f) => `dashboard/src/${f}`)];
+  if (sources.some((file) => modified(`${root}${file}`) > built)) execFileSync(process.execPath, ['dashboard/prepare.mjs'], { cwd: root, stdio: 'inherit' });
+}
+
 before(async () => {
-  // `npm ci` builds it (prepare); a checkout that skipped the scripts builds it here
-  if (!existsSync(`${DASHBOARD_DIST}index.html`)) execFileSync(process.execPath, ['dashboard/prepare.mjs'], { cwd: root, stdio: 'inherit' });
+  ensureBuilt();
   cluster = await startTestCluster();
   databaseUrl = await cluster.createDatabase();
   t = await startTestApp(databaseUrl);
@@ -72,6 +79,10 @@ async function gqlData<T = any>(app: TestApp, query: string, variables?: Record<
 async function invoke(app: TestApp, input: Record<string, unknown>, headers?: Record<string, string>): Promise<string> {
   const data = await gqlData(app, 'mutation ($input: InvokeInput!) { invoke(input: $input) { execution { token } } }', { input }, headers);
   return data.invoke.execution.token;
+}
+
+async function cancel(app: TestApp, token: string, headers?: Record<string, string>) {
+  return (await app.gql('mutation ($token: ID!) { cancelExecution(token: $token) { execution { status } } }', { token }, headers)).body;
 }
 
 async function statusOf(app: TestApp, token: string, headers?: Record<string, string>): Promise<string> {
@@ -164,11 +175,14 @@ describe('following work live', () => {
     const { page, errors } = await open(t);
     const cell = (count: string) => `[data-queue="dash"] [data-count="${count}"]`;
     await shows(page, cell('running'), /^0/);
-    const tokens = [];
-    for (let i = 0; i < 3; i++) tokens.push(await invoke(t, { procedure: 'demo.sleep', arguments: { seconds: 600 }, queue: 'dash' }));
-    await shows(page, cell('running'), /^2/);
-    await shows(page, cell('pending'), /^1$/);
-    for (const token of tokens) await gqlData(t, 'mutation ($token: ID!) { cancelExecution(token: $token) { execution { token } } }', { token });
+    const tokens: string[] = [];
+    try {
+      for (let i = 0; i < 3; i++) tokens.push(await invoke(t, { procedure: 'demo.sleep', arguments: { seconds: 600 }, queue: 'dash' }));
+      await shows(page, cell('running'), /^2/);
+      await shows(page, cell('pending'), /^1$/);
+    } finally {
+      for (const token of tokens) await cancel(t, token);
+    }
     await shows(page, cell('running'), /^0/);
     await shows(page, cell('pending'), /^0$/);
     assert.deepEqual(errors, []);
@@ -219,16 +233,20 @@ describe('following work live', () => {
 
   it('cancelling a running call from the running view (confirmed) ends it CANCELLED', async () => {
     const token = await invoke(t, { procedure: 'demo.sleep', arguments: { seconds: 600 } });
-    await waitFor(async () => (await statusOf(t, token)) === 'RUNNING', 30_000, 'the call running');
-    const { page, errors } = await open(t, '#/running');
-    const row = page.locator(`tr[data-token="${token}"]`);
-    await row.getByRole('button', { name: 'Cancel' }).click();
-    assert.equal(await statusOf(t, token), 'RUNNING', 'nothing happens before the confirmation');
-    await row.getByRole('button', { name: 'Yes, cancel' }).click();
-    await row.waitFor({ state: 'detached', timeout: 30_000 });
-    await waitFor(async () => (await statusOf(t, token)) === 'CANCELLED', 30_000, 'the call cancelled');
-    assert.deepEqual(errors, []);
-    await page.context().close();
+    try {
+      await waitFor(async () => (await statusOf(t, token)) === 'RUNNING', 30_000, 'the call running');
+      const { page, errors } = await open(t, '#/running');
+      const row = page.locator(`tr[data-token="${token}"]`);
+      await row.getByRole('button', { name: 'Cancel' }).click();
+      assert.equal(await statusOf(t, token), 'RUNNING', 'nothing happens before the confirmation');
+      await row.getByRole('button', { name: 'Yes, cancel' }).click();
+      await row.waitFor({ state: 'detached', timeout: 30_000 });
+      await waitFor(async () => (await statusOf(t, token)) === 'CANCELLED', 30_000, 'the call cancelled');
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    } finally {
+      await cancel(t, token);
+    }
   });
 
   it("a batch's stage bars advance as its calls end", async () => {
@@ -318,12 +336,12 @@ describe('signing in', () => {
       await shows(page, 'main.page', 'Only admins');
       await page.context().close();
 
-      const refused = async (query: string) => (await secured.gql(query, { token }, { authorization: plain })).body.errors?.[0]?.extensions?.code;
-      assert.equal(await refused('mutation ($token: ID!) { cancelExecution(token: $token) { execution { status } } }'), 'NOT_FOUND');
-      assert.equal(await refused('mutation { configureQueue(input: { name: "default", concurrency: 1 }) { queue { name } } }'), 'FORBIDDEN');
+      assert.equal((await cancel(secured, token, { authorization: plain })).errors?.[0]?.extensions?.code, 'NOT_FOUND');
+      const configure = await secured.gql('mutation { configureQueue(input: { name: "default", concurrency: 1 }) { queue { name } } }', {}, { authorization: plain });
+      assert.equal(configure.body.errors?.[0]?.extensions?.code, 'FORBIDDEN');
       assert.equal(await statusOf(secured, token, admin), 'RUNNING');
     } finally {
-      await secured.gql('mutation ($token: ID!) { cancelExecution(token: $token) { execution { status } } }', { token }, admin);
+      await cancel(secured, token, admin);
     }
   });
 });
