@@ -4,34 +4,23 @@
  * client, and shows a plain caller no action the server would refuse.
  */
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
-import { readdirSync, statSync } from 'node:fs';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { SignJWT } from 'jose';
 import type pg from 'pg';
 import type { Browser, BrowserContextOptions, Page } from 'playwright-core';
-import { contentSecurityPolicy, DASHBOARD_DIST } from '../src/dashboard.js';
+import { contentSecurityPolicy } from '../src/dashboard.js';
 import { startTestApp, type TestApp } from './support/app.js';
 import { launchChromium } from './support/browser.js';
+import { ensureDashboardBuilt } from './support/dashboard.js';
 import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
-const root = fileURLToPath(new URL('..', import.meta.url));
 let cluster: TestCluster;
 let t: TestApp;
 let browser: Browser;
 let databaseUrl: string;
 
-/** `npm install` builds the dashboard (prepare); a checkout that skipped it, or sources changed since, build here. */
-function ensureBuilt() {
-  const modified = (path: string) => statSync(path, { throwIfNoEntry: false })?.mtimeMs ?? -1;
-  const built = modified(`${DASHBOARD_DIST}index.html`);
-  const sources = ['dashboard/index.html', 'dashboard/vite.config.ts', ...readdirSync(`${root}dashboard/src`, { recursive: true }).map((f) => `dashboard/src/${f}`)];
-  if (sources.some((file) => modified(`${root}${file}`) > built)) execFileSync(process.execPath, ['dashboard/prepare.mjs'], { cwd: root, stdio: 'inherit' });
-}
-
 before(async () => {
-  ensureBuilt();
+  ensureDashboardBuilt();
   cluster = await startTestCluster();
   databaseUrl = await cluster.createDatabase();
   t = await startTestApp(databaseUrl);

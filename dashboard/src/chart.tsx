@@ -19,7 +19,7 @@ export function BarChart({ data, label, colorVar }: { data: [number[], number[]]
         height: 140,
         legend: { show: false },
         cursor: { show: true, drag: { x: false, y: false } },
-        scales: { x: { time: true }, y: { range: (_u, _min, max) => [0, Math.max(1, max)] } },
+        scales: { x: { time: true }, y: { range: (_u, _min, max) => [0, Math.max(1, Math.ceil(max * 1.15))] } },
         axes: [
           { stroke: axis, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid } },
           { stroke: axis, grid: { stroke: grid, width: 1 }, ticks: { stroke: grid }, size: 36 },

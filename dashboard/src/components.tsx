@@ -1,5 +1,5 @@
 import type { ComponentChildren } from 'preact';
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useLayoutEffect, useRef, useState } from 'preact/hooks';
 import { ApiError, gql } from './api';
 import type { Status } from './live';
 
@@ -72,6 +72,23 @@ export function KeyValues({ value }: { value: unknown }) {
   );
 }
 
+/**
+ * A table that turns into one card per row at phone width: each cell is labelled (data-label) with
+ * its column's heading, which the stylesheet shows in front of it.
+ */
+export function Grid({ class: extra, children }: { class?: string; children: ComponentChildren }) {
+  const table = useRef<HTMLTableElement>(null);
+  useLayoutEffect(() => {
+    const labels = [...(table.current?.querySelectorAll('thead th') ?? [])].map((th) => th.textContent ?? '');
+    for (const row of table.current?.querySelectorAll('tbody tr') ?? []) [...row.children].forEach((cell, i) => cell.setAttribute('data-label', labels[i] ?? ''));
+  });
+  return (
+    <table ref={table} class={`grid cards${extra ? ` ${extra}` : ''}`}>
+      {children}
+    </table>
+  );
+}
+
 /** Rows of a result set as a table; columns are the union of the rows' keys. */
 export function RowsTable({ rows }: { rows: unknown }) {
   if (!Array.isArray(rows)) return <Json value={rows} />;
@@ -120,14 +137,14 @@ export function Section({ title, children, actions }: { title: string; children:
  * A button that runs a mutation only after a second, explicit click ("Yes, cancel"); the server's answer
  * (ALREADY_FINISHED, FORBIDDEN, …) is shown in place.
  */
-export function ConfirmAction({ label, question, confirm, run, onDone }: { label: string; question: string; confirm: string; run: () => Promise<unknown>; onDone?: () => void }) {
+export function ConfirmAction({ label, question, confirm, run, onDone, safe }: { label: string; question: string; confirm: string; run: () => Promise<unknown>; onDone?: () => void; safe?: boolean }) {
   const [asking, setAsking] = useState(false);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<ApiError | null>(null);
   if (!asking) {
     return (
       <span class="confirm">
-        <button type="button" class="danger" onClick={() => (setError(null), setAsking(true))}>
+        <button type="button" class={safe ? undefined : 'danger'} onClick={() => (setError(null), setAsking(true))}>
           {label}
         </button>
         {error ? <span class="error-text">{error.code}: {error.message}</span> : null}
@@ -139,7 +156,7 @@ export function ConfirmAction({ label, question, confirm, run, onDone }: { label
       <span>{question}</span>
       <button
         type="button"
-        class="danger"
+        class={safe ? 'primary' : 'danger'}
         disabled={busy}
         onClick={() => {
           setBusy(true);

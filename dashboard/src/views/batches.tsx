@@ -1,6 +1,6 @@
 import { useEffect, useState } from 'preact/hooks';
 import { gql, subscribe } from '../api';
-import { ConfirmAction, ErrorNote, Section, StageBar, StatusBadge, Time, type StageCounts } from '../components';
+import { ConfirmAction, ErrorNote, Grid, Section, StageBar, StatusBadge, Time, type StageCounts } from '../components';
 import { useLiveQuery } from '../live';
 import { navigate } from '../router';
 import { ExecutionTable, type ExecutionRow } from './executions';
@@ -45,7 +45,7 @@ export function Batches() {
         <ErrorNote error={recent.error} />
         {batches.length ? (
           <div class="scroll">
-            <table class="grid">
+            <Grid>
               <thead>
                 <tr>
                   <th>batch</th>
@@ -81,7 +81,7 @@ export function Batches() {
                   </tr>
                 ))}
               </tbody>
-            </table>
+            </Grid>
           </div>
         ) : (
           <p class="muted">No batches among the newest executions.</p>

@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { ApiError, gql } from '../api';
-import { ErrorNote, ExecutionLink, Section, StatusBadge, Time } from '../components';
+import { ErrorNote, ExecutionLink, Grid, Section, StatusBadge, Time } from '../components';
 import { useLiveQuery, type ChangeEvent, type Status } from '../live';
 import { navigate } from '../router';
 
@@ -147,7 +147,7 @@ export function ExecutionTable({ rows }: { rows: ExecutionRow[] }) {
   if (!rows.length) return <p class="muted">No executions.</p>;
   return (
     <div class="scroll">
-      <table class="grid executions">
+      <Grid class="executions">
         <thead>
           <tr>
             <th>call</th>
@@ -183,7 +183,7 @@ export function ExecutionTable({ rows }: { rows: ExecutionRow[] }) {
             </tr>
           ))}
         </tbody>
-      </table>
+      </Grid>
     </div>
   );
 }

@@ -1,6 +1,6 @@
 import { useEffect, useMemo } from 'preact/hooks';
 import { BarChart } from '../chart';
-import { duration, ErrorNote, ExecutionLink, Section, useNow } from '../components';
+import { duration, ErrorNote, ExecutionLink, Grid, Section, useNow } from '../components';
 import { useLiveQuery } from '../live';
 import { BUCKET_SECONDS, outcomesVersion, seedOutcomes, series, WINDOW_MINUTES } from '../outcomes';
 import { useStore } from '../store';
@@ -43,7 +43,7 @@ export function Overview() {
       <Section title="Slowest running" actions={<a href="#/running">all running →</a>}>
         <ErrorNote error={slowest.error} />
         {slowest.data?.running.length ? (
-          <table class="grid">
+          <Grid>
             <thead>
               <tr>
                 <th>call</th>
@@ -64,7 +64,7 @@ export function Overview() {
                 </tr>
               ))}
             </tbody>
-          </table>
+          </Grid>
         ) : (
           <p class="muted">Nothing runs now.</p>
         )}

@@ -1,7 +1,7 @@
 import type { InputHTMLAttributes } from 'preact';
 import { useState } from 'preact/hooks';
 import { ApiError, gql } from '../api';
-import { ErrorNote, Section } from '../components';
+import { ErrorNote, Grid, Section } from '../components';
 import { useLiveQuery } from '../live';
 import { navigate } from '../router';
 import { INVOKE } from './execution';
@@ -32,7 +32,7 @@ export function Procedures() {
     <Section title="Procedures">
       <ErrorNote error={list.error} />
       <div class="scroll">
-        <table class="grid">
+        <Grid>
           <thead>
             <tr>
               <th>procedure</th>
@@ -58,7 +58,7 @@ export function Procedures() {
               </tr>
             ))}
           </tbody>
-        </table>
+        </Grid>
       </div>
     </Section>
   );
@@ -127,6 +127,7 @@ export function ProcedurePage({ name }: { name: string }) {
   const list = useLiveQuery<{ procedures: Procedure[] }>(PROCEDURES, undefined, null);
   const [values, setValues] = useState<Record<string, string>>({});
   const [queue, setQueue] = useState('');
+  const [runAt, setRunAt] = useState('');
   const [error, setError] = useState<ApiError | string | null>(null);
   const [busy, setBusy] = useState(false);
   const procedure = list.data?.procedures.find((p) => p.name === name);
@@ -145,7 +146,7 @@ export function ProcedurePage({ name }: { name: string }) {
       return;
     }
     setBusy(true);
-    gql<{ invoke: { execution: { token: string } } }>(INVOKE, { input: { procedure: procedure.name, arguments: args, ...(queue ? { queue } : {}) } }).then(
+    gql<{ invoke: { execution: { token: string } } }>(INVOKE, { input: { procedure: procedure.name, arguments: args, ...(queue ? { queue } : {}), ...(runAt ? { runAt: new Date(runAt).toISOString() } : {}) } }).then(
       ({ invoke }) => navigate(`/execution/${invoke.execution.token}`),
       (e: ApiError) => (setBusy(false), setError(e)),
     );
@@ -198,9 +199,15 @@ export function ProcedurePage({ name }: { name: string }) {
         {inputs.length ? null : <p class="muted">This procedure takes no arguments.</p>}
         <label>
           <span class="label">
-            queue <span class="muted">optional (default {procedure.queue})</span>
+            queue <span class="muted">optional (registered: {procedure.queue})</span>
           </span>
           <input name="queue" value={queue} placeholder={procedure.queue} onInput={(e) => setQueue(e.currentTarget.value)} />
+        </label>
+        <label>
+          <span class="label">
+            not before <span class="muted">optional (your local time; empty: now)</span>
+          </span>
+          <input name="runAt" type="datetime-local" step={1} value={runAt} onInput={(e) => setRunAt(e.currentTarget.value)} />
         </label>
         <div>
           <button type="submit" class="primary" disabled={busy}>

@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { ApiError, gql } from '../api';
-import { ErrorNote, Section } from '../components';
+import { ErrorNote, Grid, Section } from '../components';
 import { capabilities, useLiveQuery } from '../live';
 import { useStore } from '../store';
 
@@ -21,7 +21,7 @@ export function QueueCounts({ queues, edit, onSaved }: { queues: Queue[]; edit?:
   if (!queues.length) return <p class="muted">No queues.</p>;
   return (
     <div class="scroll">
-      <table class="grid queues">
+      <Grid class="queues">
         <thead>
           <tr>
             <th>queue</th>
@@ -53,7 +53,7 @@ export function QueueCounts({ queues, edit, onSaved }: { queues: Queue[]; edit?:
             </tr>
           ))}
         </tbody>
-      </table>
+      </Grid>
     </div>
   );
 }

@@ -1,5 +1,5 @@
 import { gql } from '../api';
-import { ConfirmAction, ErrorNote, Section, Time } from '../components';
+import { ConfirmAction, ErrorNote, Grid, Section, Time } from '../components';
 import { capabilities, useLiveQuery } from '../live';
 import { useStore } from '../store';
 
@@ -28,7 +28,7 @@ export function Schedules() {
       <ErrorNote error={list.error} />
       {schedules.length ? (
         <div class="scroll">
-          <table class="grid">
+          <Grid>
             <thead>
               <tr>
                 <th>schedule</th>
@@ -59,13 +59,14 @@ export function Schedules() {
                         confirm={s.paused ? 'Yes, resume' : 'Yes, pause'}
                         run={() => toggle(s)}
                         onDone={list.reload}
+                        safe={s.paused}
                       />
                     ) : null}
                   </td>
                 </tr>
               ))}
             </tbody>
-          </table>
+          </Grid>
         </div>
       ) : (
         <p class="muted">{list.loading ? 'Loading…' : 'No schedules.'}</p>
