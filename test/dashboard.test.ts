@@ -142,6 +142,17 @@ describe('the dashboard with no internet', () => {
     assert.equal(contentSecurityPolicy("evil.test; script-src 'unsafe-inline'"), contentSecurityPolicy(null));
   });
 
+  it('is not served with ASYNCPROC_DASHBOARD=false', async () => {
+    const off = await startTestApp(databaseUrl, { ASYNCPROC_DASHBOARD: 'false' });
+    try {
+      const origin = new URL(off.url).origin;
+      assert.equal((await fetch(`${origin}/dashboard/`)).status, 404);
+      assert.notEqual((await fetch(`${origin}/`, { redirect: 'manual' })).status, 302);
+    } finally {
+      await off.stop();
+    }
+  });
+
   it('loads every view from the service alone, with no policy violation', async () => {
     const { page, requested, errors } = await open(t);
     await page.locator('[data-queue="default"]').waitFor({ timeout: 60_000 });
