@@ -119,7 +119,7 @@ async function main() {
     await phone.close();
   } finally {
     // everything not ended, waiting and pending ones first: none starts while the running ones are stopped
-    const open = await gql(t, '{ executions(first: 1000, filter: { status: [WAITING, PENDING, RUNNING] }) { nodes { token status } } }');
+    const open = await gql(t, '{ executions(first: 500, filter: { status: [WAITING, PENDING, RUNNING] }) { nodes { token status } } }');
     const nodes = (open.executions.nodes as { token: string; status: string }[]).sort((a, b) => Number(a.status === 'RUNNING') - Number(b.status === 'RUNNING'));
     for (const { token } of nodes) await t.gql('mutation ($token: ID!) { cancelExecution(token: $token) { execution { token } } }', { token });
     await browser.close();
