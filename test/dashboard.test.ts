@@ -13,6 +13,7 @@ import { startTestApp, type TestApp } from './support/app.js';
 import { launchChromium } from './support/browser.js';
 import { ensureDashboardBuilt } from './support/dashboard.js';
 import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { startProxy } from './support/proxy.js';
 
 let cluster: TestCluster;
 let t: TestApp;
@@ -40,9 +41,8 @@ interface Opened {
   errors: string[];
 }
 
-/** A fresh profile on the dashboard of `app`; requests that leave the service are refused, as offline. */
-async function open(app: TestApp, hash = '', options: BrowserContextOptions = {}): Promise<Opened> {
-  const origin = new URL(app.url).origin;
+/** A fresh profile on the dashboard of `app` (at `origin`, a proxy say); requests that leave it are refused, as offline. */
+async function open(app: TestApp, hash = '', options: BrowserContextOptions = {}, origin = new URL(app.url).origin): Promise<Opened> {
   const context = await browser.newContext(options);
   const page = await context.newPage();
   const opened: Opened = { page, requested: [], errors: [] };
@@ -274,6 +274,67 @@ describe('following work live', () => {
       await page.context().close();
     } finally {
       await ledger.release().catch(() => {});
+    }
+  });
+});
+
+describe('resuming', () => {
+  it('counts what ended while the socket was down: the feed resumes from the last cursor it saw', async () => {
+    const proxy = await startProxy(t.app.server!.port);
+    try {
+      const { page } = await open(t, '', {}, `http://127.0.0.1:${proxy.port}`);
+      await page.locator('.dot[data-live="true"]').waitFor({ timeout: 30_000 });
+      const total = '[data-testid="succeeded-total"]';
+      await shows(page, total, /^\d+$/);
+      // one event seen first, so the stream has a cursor of its own to resume from
+      await waitFor(async () => (await statusOf(t, await invoke(t, { procedure: 'demo.add', arguments: { a: 0, b: 0 } }))) === 'SUCCEEDED', 30_000, 'a first call');
+      await page.waitForFunction((selector) => Number(document.querySelector(selector)?.textContent) > 0, total);
+      const before = Number(await text(page, total));
+      proxy.cut();
+      await page.locator('.dot[data-live="false"]').waitFor({ timeout: 30_000 });
+      const tokens = [];
+      for (let i = 0; i < 3; i++) tokens.push(await invoke(t, { procedure: 'demo.add', arguments: { a: i, b: 1 } }));
+      for (const token of tokens) await waitFor(async () => (await statusOf(t, token)) === 'SUCCEEDED', 30_000, 'the calls made while cut off');
+      proxy.restore();
+      await page.locator('.dot[data-live="true"]').waitFor({ timeout: 60_000 });
+      await shows(page, total, String(before + 3));
+      await page.context().close();
+    } finally {
+      await proxy.close();
+    }
+  });
+
+  it("follows a running call's progress live", async () => {
+    const sql = await cluster.connect(databaseUrl);
+    const ledger = await holdLedger();
+    const gate = await cluster.connect(databaseUrl);
+    try {
+      await sql.query(`create table if not exists demo.gate (x integer);
+        create or replace procedure demo.two_halves() language plpgsql as $$
+        begin
+          perform asyncproc.progress(40, 'first half');
+          insert into demo.ledger (tag) values ('two halves');
+          perform asyncproc.progress(80, 'second half');
+          insert into demo.gate values (1);
+        end $$;
+        select asyncproc.register('demo.two_halves()');`);
+      await gate.query('begin');
+      await gate.query('lock table demo.gate in access exclusive mode');
+      const token = await invoke(t, { procedure: 'demo.two_halves' });
+      const { page, errors } = await open(t, `#/execution/${token}`);
+      const bar = '[aria-label="progress of the call"]';
+      await shows(page, bar, '40% · first half');
+      await ledger.release();
+      await shows(page, bar, '80% · second half');
+      assert.equal(await page.locator(bar).getAttribute('aria-valuenow'), '80');
+      await gate.query('commit');
+      await shows(page, '.facts [data-status]', 'SUCCEEDED');
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    } finally {
+      await ledger.release().catch(() => {});
+      await gate.end();
+      await sql.end();
     }
   });
 });

@@ -8,14 +8,18 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 export interface Proxy {
   port: number;
   blackhole(): void;
+  /** Close every connection (as a restarted load balancer does) and refuse new ones, until `restore()`. */
+  cut(): void;
   restore(): void;
   close(): Promise<void>;
 }
 
 export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): Promise<Proxy> {
   let dark = false;
+  let refusing = false;
   const sockets = new Set<Socket>();
   const server: Server = createServer((client) => {
+    if (refusing) return void client.destroy();
     const upstream = connect(targetPort, targetHost);
     for (const socket of [client, upstream]) {
       sockets.add(socket);
@@ -31,7 +35,11 @@ export async function startProxy(targetPort: number, targetHost = '127.0.0.1'): 
   return {
     port: (server.address() as { port: number }).port,
     blackhole: () => void (dark = true),
-    restore: () => void (dark = false),
+    cut: () => {
+      refusing = true;
+      for (const socket of sockets) socket.destroy();
+    },
+    restore: () => void (dark = refusing = false),
     close: async () => {
       for (const socket of sockets) socket.destroy();
       await new Promise((resolve) => server.close(resolve));
