@@ -76,7 +76,7 @@ export function KeyValues({ value }: { value: unknown }) {
  * A table that turns into one card per row at phone width: each cell is labelled (data-label) with
  * its column's heading, which the stylesheet shows in front of it.
  */
-export function Grid({ class: extra, children }: { class?: string; children: ComponentChildren }) {
+export function Grid({ class: extra, head, children }: { class?: string; head: (string | [string, 'num'])[]; children: ComponentChildren }) {
   const table = useRef<HTMLTableElement>(null);
   useLayoutEffect(() => {
     const labels = [...(table.current?.querySelectorAll('thead th') ?? [])].map((th) => th.textContent ?? '');
@@ -84,6 +84,9 @@ export function Grid({ class: extra, children }: { class?: string; children: Com
   });
   return (
     <table ref={table} class={`grid cards${extra ? ` ${extra}` : ''}`}>
+      <thead>
+        <tr>{head.map((column) => (typeof column === 'string' ? <th key={column}>{column}</th> : <th key={column[0]} class={column[1]}>{column[0]}</th>))}</tr>
+      </thead>
       {children}
     </table>
   );
@@ -119,6 +122,16 @@ export function ErrorNote({ error }: { error: ApiError | Error | string | null |
   if (!error) return null;
   const text = typeof error === 'string' ? error : error instanceof ApiError ? `${error.code}: ${error.message}` : error.message;
   return <p class="note error" role="alert">{text}</p>;
+}
+
+/** One labelled value in a `.facts` grid. */
+export function Fact({ label, children }: { label: string; children: ComponentChildren }) {
+  return (
+    <div>
+      <span>{label}</span>
+      {children}
+    </div>
+  );
 }
 
 export function Section({ title, children, actions }: { title: string; children: ComponentChildren; actions?: ComponentChildren }) {

@@ -113,6 +113,30 @@ export function useLiveQuery<T>(query: string, variables: Record<string, unknown
   return { ...state, reload: load };
 }
 
+export interface Progress {
+  percent: number;
+  message: string | null;
+  /** When the report was stored (the database's clock). */
+  at: string;
+}
+
+const PROGRESS = 'subscription Progress($token: ID!) { executionProgress(token: $token) { progress { percent message at } } }';
+
+/** A call's latest progress: `initial` (read with the call), then, while `follow`, each report of its executionProgress stream. */
+export function useProgress(token: string, initial: Progress | null, follow: boolean): Progress | null {
+  const [progress, setProgress] = useState(initial);
+  // a newer read of the call wins over an older report, never the other way round
+  useEffect(() => setProgress((shown) => (initial && (!shown || initial.at >= shown.at) ? initial : shown)), [initial?.at]);
+  useEffect(() => {
+    if (!follow) return;
+    return subscribe<{ executionProgress: { progress: Progress | null } }>(
+      { query: PROGRESS, variables: { token } },
+      { next: ({ executionProgress }) => executionProgress.progress && setProgress(executionProgress.progress) },
+    );
+  }, [token, follow]);
+  return progress;
+}
+
 /** What the signed-in caller may do, found out from the API (it has no "who am I" query). */
 export interface Capabilities {
   /** Admin (or anonymous development mode): queues, schedules, the registry. */

@@ -1,6 +1,6 @@
 import { useEffect, useState } from 'preact/hooks';
 import { gql, subscribe } from '../api';
-import { ConfirmAction, ErrorNote, Grid, Section, StageBar, StatusBadge, Time, type StageCounts } from '../components';
+import { ConfirmAction, Fact, ErrorNote, Grid, Section, StageBar, StatusBadge, Time, type StageCounts } from '../components';
 import { useLiveQuery } from '../live';
 import { navigate } from '../router';
 import { ExecutionTable, type ExecutionRow } from './executions';
@@ -45,17 +45,7 @@ export function Batches() {
         <ErrorNote error={recent.error} />
         {batches.length ? (
           <div class="scroll">
-            <Grid>
-              <thead>
-                <tr>
-                  <th>batch</th>
-                  <th>status</th>
-                  <th>stage</th>
-                  <th>progress</th>
-                  <th>submitted</th>
-                  <th>by</th>
-                </tr>
-              </thead>
+            <Grid head={['batch', 'status', 'stage', 'progress', 'submitted', 'by']}>
               <tbody>
                 {batches.map((b) => (
                   <tr key={b.id} class={b.status === 'FAILED' ? 'failed' : undefined}>
@@ -132,26 +122,11 @@ export function BatchPage({ id }: { id: string }) {
         }
       >
         <div class="facts">
-          <div>
-            <span>status</span>
-            <StatusBadge status={batch.status} />
-          </div>
-          <div>
-            <span>stage</span>
-            {batch.currentStage} of {batch.stageCount}
-          </div>
-          <div>
-            <span>on failure</span>
-            {batch.onFailure.toLowerCase()}
-          </div>
-          <div>
-            <span>submitted</span>
-            <Time at={batch.submittedAt} /> {batch.submittedBy ? `by ${batch.submittedBy}` : ''}
-          </div>
-          <div>
-            <span>finished</span>
-            <Time at={batch.finishedAt} />
-          </div>
+          <Fact label="status"><StatusBadge status={batch.status} /></Fact>
+          <Fact label="stage">{batch.currentStage} of {batch.stageCount}</Fact>
+          <Fact label="on failure">{batch.onFailure.toLowerCase()}</Fact>
+          <Fact label="submitted"><Time at={batch.submittedAt} /> {batch.submittedBy ? `by ${batch.submittedBy}` : ''}</Fact>
+          <Fact label="finished"><Time at={batch.finishedAt} /></Fact>
         </div>
         <div class="stages">
           {batch.stages.map((s) => (

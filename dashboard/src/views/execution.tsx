@@ -1,7 +1,8 @@
+import { Fragment } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, gql, subscribe } from '../api';
-import { CancelExecution, duration, ErrorNote, Json, KeyValues, ProgressBar, RowsTable, Section, StatusBadge, Time, useNow } from '../components';
-import { ENDED, useLiveQuery, type Status } from '../live';
+import { CancelExecution, Fact, duration, ErrorNote, Json, KeyValues, ProgressBar, RowsTable, Section, StatusBadge, Time, useNow } from '../components';
+import { ENDED, useLiveQuery, useProgress, type Progress, type Status } from '../live';
 import { navigate } from '../router';
 
 interface Attempt {
@@ -12,12 +13,6 @@ interface Attempt {
   worker: string | null;
   sessionId: number | null;
   error: { number: string | null; message: string } | null;
-}
-
-interface Progress {
-  percent: number;
-  message: string | null;
-  at: string;
 }
 
 interface Execution {
@@ -54,23 +49,15 @@ const ONE = `query Execution($token: ID!) {
   }
 }`;
 
-const PROGRESS = 'subscription Progress($token: ID!) { executionProgress(token: $token) { status progress { percent message at } } }';
 const COMPLETED = 'subscription Completed($token: ID!) { executionCompleted(token: $token) { status } }';
 
 /** One call: followed live (its change events, its progress while it runs, its completion) until it ends. */
 export function ExecutionPage({ token }: { token: string }) {
   const one = useLiveQuery<{ execution: Execution | null }>(ONE, { token }, (event) => event.execution.token === token, 100);
   const execution = one.data?.execution ?? null;
-  const [progress, setProgress] = useState<Progress | null>(null);
   const running = execution?.status === 'RUNNING';
   const ended = execution ? ENDED.includes(execution.status) : false;
-  useEffect(() => {
-    if (!running) return;
-    return subscribe<{ executionProgress: { progress: Progress | null } }>(
-      { query: PROGRESS, variables: { token } },
-      { next: ({ executionProgress }) => executionProgress.progress && setProgress(executionProgress.progress) },
-    );
-  }, [token, running]);
+  const progress = useProgress(token, execution?.progress ?? null, running);
   // the outcome, however the feed fares: one event when the call ends (also if it already has)
   useEffect(() => {
     if (!execution || ended) return;
@@ -79,7 +66,6 @@ export function ExecutionPage({ token }: { token: string }) {
   const now = useNow();
   if (one.error && !execution) return <ErrorNote error={one.error} />;
   if (!execution) return one.loading ? <p class="muted">Loading…</p> : <p class="note">No execution {token} — unknown, or not yours to see.</p>;
-  const shownProgress = progress && (!execution.progress || progress.at >= execution.progress.at) ? progress : execution.progress;
   const elapsed = execution.startedAt ? (execution.finishedAt ? Date.parse(execution.finishedAt) : now) - Date.parse(execution.startedAt) : null;
   return (
     <div class="stack">
@@ -93,78 +79,44 @@ export function ExecutionPage({ token }: { token: string }) {
         }
       >
         <div class="facts">
-          <div>
-            <span>status</span>
-            <StatusBadge status={execution.status} />
-          </div>
-          <div>
-            <span>token</span>
-            <code class="small">{execution.token}</code>
-          </div>
-          <div>
-            <span>queue</span>
-            {execution.queue}
-          </div>
-          <div>
-            <span>submitted</span>
-            <Time at={execution.submittedAt} /> {execution.submittedBy ? `by ${execution.submittedBy}` : ''}
-          </div>
+          <Fact label="status"><StatusBadge status={execution.status} /></Fact>
+          <Fact label="token"><code class="small">{execution.token}</code></Fact>
+          <Fact label="queue">{execution.queue}</Fact>
+          <Fact label="submitted"><Time at={execution.submittedAt} /> {execution.submittedBy ? `by ${execution.submittedBy}` : ''}</Fact>
           {execution.runAt ? (
-            <div>
-              <span>not before</span>
-              <Time at={execution.runAt} />
-            </div>
+            <Fact label="not before"><Time at={execution.runAt} /></Fact>
           ) : null}
-          <div>
-            <span>started</span>
-            <Time at={execution.startedAt} />
-          </div>
-          <div>
-            <span>finished</span>
-            <Time at={execution.finishedAt} />
-          </div>
-          <div>
-            <span>{execution.finishedAt ? 'took' : 'running for'}</span>
-            {elapsed === null ? '—' : duration(elapsed)}
-          </div>
-          <div>
-            <span>attempts</span>
-            {execution.attempts} of {execution.maxAttempts}
-          </div>
-          <div>
-            <span>worker · session</span>
-            {execution.worker ?? '—'} · {execution.sessionId ?? '—'}
-          </div>
+          <Fact label="started"><Time at={execution.startedAt} /></Fact>
+          <Fact label="finished"><Time at={execution.finishedAt} /></Fact>
+          <Fact label={execution.finishedAt ? 'took' : 'running for'}>{elapsed === null ? '—' : duration(elapsed)}</Fact>
+          <Fact label="attempts">{execution.attempts} of {execution.maxAttempts}</Fact>
+          <Fact label="worker · session">{execution.worker ?? '—'} · {execution.sessionId ?? '—'}</Fact>
           {execution.batch ? (
-            <div>
-              <span>batch</span>
-              <a href={`#/batch/${execution.batch.id}`}>{execution.batch.id.slice(0, 8)}</a> stage {execution.stage}
-            </div>
+            <Fact label="batch"><a href={`#/batch/${execution.batch.id}`}>{execution.batch.id.slice(0, 8)}</a> stage {execution.stage}</Fact>
           ) : null}
         </div>
-        {shownProgress && (running || execution.status === 'SUCCEEDED') ? <ProgressBar percent={shownProgress.percent} message={shownProgress.message} label="progress of the call" /> : null}
+        {progress && (running || execution.status === 'SUCCEEDED') ? <ProgressBar percent={progress.percent} message={progress.message} label="progress of the call" /> : null}
       </Section>
       {execution.error ? (
         <Section title="Error">
           <div class="failure" data-testid="execution-error">
             <p class="error-message">{execution.error.message}</p>
             <dl class="inline-dl">
-              <dt>number</dt>
-              <dd>{execution.error.number ?? '—'}</dd>
-              <dt>line</dt>
-              <dd>{execution.error.line ?? '—'}</dd>
-              {execution.error.severity !== null ? (
-                <>
-                  <dt>severity</dt>
-                  <dd>{execution.error.severity}</dd>
-                </>
-              ) : null}
-              {execution.error.state !== null ? (
-                <>
-                  <dt>state</dt>
-                  <dd>{execution.error.state}</dd>
-                </>
-              ) : null}
+              {(
+                [
+                  ['number', execution.error.number ?? '—'],
+                  ['line', execution.error.line ?? '—'],
+                  ['severity', execution.error.severity],
+                  ['state', execution.error.state],
+                ] as const
+              ).map(([term, value]) =>
+                value === null ? null : (
+                  <Fragment key={term}>
+                    <dt>{term}</dt>
+                    <dd>{value}</dd>
+                  </Fragment>
+                ),
+              )}
             </dl>
             {execution.error.context ? <pre class="json">{execution.error.context}</pre> : null}
           </div>

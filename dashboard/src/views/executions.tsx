@@ -100,20 +100,8 @@ export function Executions() {
               </label>
             ))}
           </fieldset>
-          <label>
-            procedure
-            <select value={filter.procedure} onChange={(e) => change({ procedure: e.currentTarget.value })}>
-              <option value="">any</option>
-              {options.data?.procedures.map((p) => <option key={p.name}>{p.name}</option>)}
-            </select>
-          </label>
-          <label>
-            queue
-            <select value={filter.queue} onChange={(e) => change({ queue: e.currentTarget.value })}>
-              <option value="">any</option>
-              {options.data?.queues.map((q) => <option key={q.name}>{q.name}</option>)}
-            </select>
-          </label>
+          <Choice label="procedure" value={filter.procedure} names={options.data?.procedures} onChange={(procedure) => change({ procedure })} />
+          <Choice label="queue" value={filter.queue} names={options.data?.queues} onChange={(queue) => change({ queue })} />
           <label>
             submitted by
             <input value={filter.submittedBy} placeholder="on this page" onInput={(e) => setFilter({ ...filter, submittedBy: e.currentTarget.value })} />
@@ -143,23 +131,24 @@ export function Executions() {
   );
 }
 
+/** A filter's drop-down: "any", then the names the service knows. */
+function Choice({ label, value, names, onChange }: { label: string; value: string; names: { name: string }[] | undefined; onChange: (value: string) => void }) {
+  return (
+    <label>
+      {label}
+      <select value={value} onChange={(e) => onChange(e.currentTarget.value)}>
+        <option value="">any</option>
+        {names?.map(({ name }) => <option key={name}>{name}</option>)}
+      </select>
+    </label>
+  );
+}
+
 export function ExecutionTable({ rows }: { rows: ExecutionRow[] }) {
   if (!rows.length) return <p class="muted">No executions.</p>;
   return (
     <div class="scroll">
-      <Grid class="executions">
-        <thead>
-          <tr>
-            <th>call</th>
-            <th>status</th>
-            <th>procedure</th>
-            <th>queue</th>
-            <th>submitted</th>
-            <th>finished</th>
-            <th class="num">attempts</th>
-            <th>by</th>
-          </tr>
-        </thead>
+      <Grid class="executions" head={['call', 'status', 'procedure', 'queue', 'submitted', 'finished', ['attempts', 'num'], 'by']}>
         <tbody>
           {rows.map((e) => (
             <tr key={e.token} class={e.status === 'FAILED' ? 'failed' : undefined} data-token={e.token}>

@@ -43,15 +43,7 @@ export function Overview() {
       <Section title="Slowest running" actions={<a href="#/running">all running →</a>}>
         <ErrorNote error={slowest.error} />
         {slowest.data?.running.length ? (
-          <Grid>
-            <thead>
-              <tr>
-                <th>call</th>
-                <th>procedure</th>
-                <th>queue</th>
-                <th class="num">running for</th>
-              </tr>
-            </thead>
+          <Grid head={['call', 'procedure', 'queue', ['running for', 'num']]}>
             <tbody>
               {slowest.data.running.map((r) => (
                 <tr key={r.execution.token}>

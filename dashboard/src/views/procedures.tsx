@@ -32,17 +32,7 @@ export function Procedures() {
     <Section title="Procedures">
       <ErrorNote error={list.error} />
       <div class="scroll">
-        <Grid>
-          <thead>
-            <tr>
-              <th>procedure</th>
-              <th>parameters</th>
-              <th>queue</th>
-              <th class="num">attempts</th>
-              <th>timeout</th>
-              <th>roles</th>
-            </tr>
-          </thead>
+        <Grid head={['procedure', 'parameters', 'queue', ['attempts', 'num'], 'timeout', 'roles']}>
           <tbody>
             {(list.data?.procedures ?? []).map((p) => (
               <tr key={p.name}>

@@ -21,17 +21,7 @@ export function QueueCounts({ queues, edit, onSaved }: { queues: Queue[]; edit?:
   if (!queues.length) return <p class="muted">No queues.</p>;
   return (
     <div class="scroll">
-      <Grid class="queues">
-        <thead>
-          <tr>
-            <th>queue</th>
-            <th class="num">concurrency</th>
-            <th class="num">waiting</th>
-            <th class="num">pending</th>
-            <th class="num">running</th>
-            <th class="num">ended (last {Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)</th>
-          </tr>
-        </thead>
+      <Grid class="queues" head={['queue', ['concurrency', 'num'], ['waiting', 'num'], ['pending', 'num'], ['running', 'num'], [`ended (last ${Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)`, 'num']]}>
         <tbody>
           {queues.map((q) => (
             <tr key={q.name} data-queue={q.name}>

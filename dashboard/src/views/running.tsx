@@ -1,7 +1,6 @@
-import { useEffect, useMemo, useState } from 'preact/hooks';
-import { subscribe } from '../api';
+import { useMemo } from 'preact/hooks';
 import { CancelExecution, duration, ErrorNote, ExecutionLink, Grid, ProgressBar, Section, useNow } from '../components';
-import { useLiveQuery } from '../live';
+import { useLiveQuery, useProgress, type Progress } from '../live';
 
 export interface RunningRow {
   elapsedMs: number;
@@ -13,28 +12,17 @@ export interface RunningRow {
     sessionId: number | null;
     submittedBy?: string | null;
     attempts?: number;
-    progress?: { percent: number; message: string | null } | null;
+    progress?: Progress | null;
   };
 }
 
-const RUNNING = `{ running(first: 200) { elapsedMs execution { token procedure queue worker sessionId submittedBy attempts progress { percent message } } } }`;
-
-type Progress = { percent: number; message: string | null };
+const RUNNING = `{ running(first: 200) { elapsedMs execution { token procedure queue worker sessionId submittedBy attempts progress { percent message at } } } }`;
 
 /** Rows whose progress is followed live (one executionProgress stream each; a connection holds at most 100). */
 const FOLLOWED = 25;
-const PROGRESS = 'subscription Progress($token: ID!) { executionProgress(token: $token) { progress { percent message } } }';
 
 function LiveProgress({ token, initial, follow }: { token: string; initial: Progress | null; follow: boolean }) {
-  const [progress, setProgress] = useState(initial);
-  useEffect(() => setProgress(initial), [initial?.percent, initial?.message]);
-  useEffect(() => {
-    if (!follow) return;
-    return subscribe<{ executionProgress: { progress: Progress | null } }>(
-      { query: PROGRESS, variables: { token } },
-      { next: ({ executionProgress }) => executionProgress.progress && setProgress(executionProgress.progress) },
-    );
-  }, [token, follow]);
+  const progress = useProgress(token, initial, follow);
   return progress ? <ProgressBar percent={progress.percent} message={progress.message} /> : <span class="muted">—</span>;
 }
 
@@ -49,19 +37,7 @@ export function Running() {
       <ErrorNote error={running.error} />
       {rows.length ? (
         <div class="scroll">
-          <Grid class="running">
-            <thead>
-              <tr>
-                <th>call</th>
-                <th>procedure</th>
-                <th>queue</th>
-                <th class="num">elapsed</th>
-                <th>worker · session</th>
-                <th>submitted by</th>
-                <th>progress</th>
-                <th />
-              </tr>
-            </thead>
+          <Grid class="running" head={['call', 'procedure', 'queue', ['elapsed', 'num'], 'worker · session', 'submitted by', 'progress', '']}>
             <tbody>
               {rows.map((r, i) => (
                 <tr key={r.execution.token} data-token={r.execution.token}>

@@ -28,17 +28,7 @@ export function Schedules() {
       <ErrorNote error={list.error} />
       {schedules.length ? (
         <div class="scroll">
-          <Grid>
-            <thead>
-              <tr>
-                <th>schedule</th>
-                <th>procedure</th>
-                <th>cron</th>
-                <th>next run</th>
-                <th>last run</th>
-                <th />
-              </tr>
-            </thead>
+          <Grid head={['schedule', 'procedure', 'cron', 'next run', 'last run', '']}>
             <tbody>
               {schedules.map((s) => (
                 <tr key={s.name} class={s.paused ? 'paused' : undefined}>
