@@ -212,6 +212,7 @@ describe('following work live', () => {
   });
 
   it('a failing call shows its error and its history', async () => {
+    await invoke(t, { procedure: 'demo.noop' });
     const token = await invoke(t, { procedure: 'demo.fail', arguments: { message: 'the ledger is closed' }, maxAttempts: 2 });
     const { page, errors } = await open(t, `#/execution/${token}`);
     await shows(page, '.facts [data-status]', 'FAILED');
@@ -224,8 +225,12 @@ describe('following work live', () => {
       assert.match(attempt, new RegExp(`attempt ${i + 1}\\s+FAILED`));
       assert.match(attempt, /the ledger is closed/);
     }
-    // and in the list, where a failure stands out
+    // and in the list, where a failure stands out, and which filters by status
     await page.goto(`${new URL(t.url).origin}/dashboard/#/executions`);
+    await page.locator(`tr.failed[data-token="${token}"]`).waitFor();
+    assert.ok(await page.locator('tr[data-token]:not(.failed)').count(), 'other executions listed too');
+    await page.getByRole('checkbox', { name: 'failed' }).check();
+    await page.locator('tr[data-token]:not(.failed)').first().waitFor({ state: 'detached' });
     await page.locator(`tr.failed[data-token="${token}"]`).waitFor();
     assert.deepEqual(errors, []);
     await page.context().close();
@@ -275,6 +280,40 @@ describe('following work live', () => {
     } finally {
       await ledger.release().catch(() => {});
     }
+  });
+});
+
+describe('steering', () => {
+  it("an admin changes a queue's concurrency", async () => {
+    await gqlData(t, 'mutation { configureQueue(input: { name: "tuned", concurrency: 3 }) { queue { name } } }');
+    const { page, errors } = await open(t, '#/queues');
+    const field = page.getByRole('spinbutton', { name: 'concurrency of tuned' });
+    await field.fill('7');
+    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save' }).click();
+    await waitFor(async () => (await gqlData(t, '{ queues { name concurrency } }')).queues.some((q: { name: string; concurrency: number }) => q.name === 'tuned' && q.concurrency === 7), 30_000, 'concurrency 7');
+    await field.fill('0');
+    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save' }).click();
+    // the browser refuses an out-of-range value before anything is sent
+    assert.equal((await gqlData(t, '{ queues { name concurrency } }')).queues.find((q: { name: string }) => q.name === 'tuned').concurrency, 7);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('pauses and resumes a schedule, after asking', async () => {
+    await gqlData(t, 'mutation { createSchedule(input: { name: "hourly", procedure: "demo.noop", cron: "0 * * * *" }) { schedule { name } } }');
+    const paused = async () => (await gqlData(t, '{ schedule(name: "hourly") { paused } }')).schedule.paused as boolean;
+    const { page, errors } = await open(t, '#/schedules');
+    await page.getByRole('button', { name: 'Pause' }).click();
+    assert.equal(await paused(), false, 'nothing happens before the confirmation');
+    await page.getByRole('button', { name: 'Yes, pause' }).click();
+    await page.locator('tr.paused').waitFor();
+    assert.equal(await paused(), true);
+    await page.getByRole('button', { name: 'Resume' }).click();
+    await page.getByRole('button', { name: 'Yes, resume' }).click();
+    await page.locator('tr.paused').waitFor({ state: 'detached' });
+    assert.equal(await paused(), false);
+    assert.deepEqual(errors, []);
+    await page.context().close();
   });
 });
 
@@ -366,6 +405,15 @@ describe('signing in', () => {
     await shows(page, '.who', 'operator');
     await page.locator('[data-queue="default"]').waitFor();
     assert.ok(await page.evaluate(() => sessionStorage.getItem('asyncproc.authorization')?.startsWith('Bearer ')));
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await page.locator('input[name="credential"]').waitFor();
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('asyncproc.authorization')), null);
+    // an API key, as typed (no scheme): sent as "ApiKey …"
+    const admin = { authorization: `Bearer ${await jwt('ada', ['admin'])}` };
+    const { createApiKey } = await gqlData(secured, 'mutation { createApiKey(input: { name: "night-shift", roles: ["operator"] }) { secret } }', {}, admin);
+    await signIn(page, createApiKey.secret);
+    await shows(page, '.who', 'operator');
+    assert.match(await page.evaluate(() => sessionStorage.getItem('asyncproc.authorization') ?? ''), /^ApiKey apk_/);
     // the browser's own 401s on the way are expected; nothing else may fail
     assert.deepEqual(errors.filter((e) => !/status of 401/.test(e)), []);
     await page.context().close();
