@@ -204,6 +204,13 @@ describe('following work live', () => {
       assert.equal(await marked(page), 'unchanged', 'the page updated itself');
       assert.equal(await statusOf(t, token), 'SUCCEEDED');
       assert.match(await text(page, 'table.kv'), /tag\s+"from the form"/);
+      // run again: a new call with the same arguments, followed on its own page
+      await page.getByRole('button', { name: 'Run again' }).click();
+      await page.waitForURL((url) => /#\/execution\/[0-9a-f-]{36}$/.test(url.hash) && !url.hash.endsWith(token));
+      await shows(page, '.facts [data-status]', 'SUCCEEDED');
+      const again = /execution\/([0-9a-f-]{36})$/.exec(page.url())![1]!;
+      const { execution } = await gqlData(t, 'query ($token: ID!) { execution(token: $token) { procedure arguments } }', { token: again });
+      assert.deepEqual(execution, { procedure: 'demo.record', arguments: { tag: 'from the form' } });
       assert.deepEqual(errors, []);
       await page.context().close();
     } finally {
