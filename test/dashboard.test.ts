@@ -350,6 +350,19 @@ describe('resuming', () => {
     }
   });
 
+  it('says when the service cannot be reached, and tries again when asked', async () => {
+    const context = await browser.newContext();
+    const page = await context.newPage();
+    await context.route('**/graphql', (route) => route.abort('connectionrefused'));
+    await page.goto(`${new URL(t.url).origin}/dashboard/`);
+    await shows(page, '[role="alert"]', 'cannot be reached');
+    assert.equal(await page.locator('input[name="credential"]').count(), 0, 'no sign-in form: credentials are not the problem');
+    await context.unroute('**/graphql');
+    await page.getByRole('button', { name: 'Try again' }).click();
+    await page.locator('[data-queue="default"]').waitFor({ timeout: 30_000 });
+    await context.close();
+  });
+
   it("follows a running call's progress live", async () => {
     const sql = await cluster.connect(databaseUrl);
     const ledger = await holdLedger();

@@ -28,12 +28,13 @@ const NAV = [
 
 listen(countEvent);
 
-type Phase = { state: 'checking' } | { state: 'signin' } | { state: 'ready' };
+type Phase = { state: 'checking' } | { state: 'signin' } | { state: 'ready' } | { state: 'unreachable'; message: string };
 
 function App() {
   const authorization = useStore(credential);
   const reason = useStore(signedOut);
   const [phase, setPhase] = useState<Phase>({ state: 'checking' });
+  const [attempt, setAttempt] = useState(0);
   useEffect(() => {
     if (reason !== null) {
       stopLiveFeed();
@@ -50,14 +51,27 @@ function App() {
         () => !stale && setPhase({ state: 'ready' }),
         (error: ApiError) => {
           if (stale || error.code === 'UNAUTHENTICATED') return;
-          signOut(`The service refused: ${error.message}`);
+          // down or restarting is not a reason to sign in again
+          if (error.code === 'NETWORK' || error.code === 'HTTP') setPhase({ state: 'unreachable', message: error.message });
+          else signOut(`The service refused: ${error.message}`);
         },
       );
     return () => {
       stale = true;
     };
-  }, [authorization, reason]);
+  }, [authorization, reason, attempt]);
   if (phase.state === 'signin') return <SignIn reason={reason} />;
+  if (phase.state === 'unreachable') {
+    return (
+      <main class="signin">
+        <h1>asyncproc</h1>
+        <ErrorNote error={phase.message} />
+        <button type="button" class="primary" onClick={() => setAttempt(attempt + 1)}>
+          Try again
+        </button>
+      </main>
+    );
+  }
   if (phase.state === 'checking') return <p class="boot muted">Connecting…</p>;
   return <Shell />;
 }
