@@ -7,6 +7,7 @@
 import { readdir, readFile } from 'node:fs/promises';
 import { extname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
 import type { Plugin } from 'graphql-yoga';
 import type { Logger } from './logger.js';
 
@@ -29,6 +30,8 @@ const TYPES: Record<string, string> = {
 interface File {
   type: string;
   body: Uint8Array<ArrayBuffer>;
+  /** Text files, compressed once at load. */
+  gzipped: Uint8Array<ArrayBuffer> | null;
   /** Content-hashed by the build (under assets/): never changes under its name. */
   immutable: boolean;
 }
@@ -47,7 +50,9 @@ async function loadBuild(dir: string): Promise<Map<string, File> | null> {
   for (const name of names) {
     const path = name.split(/[\\/]/).join('/');
     const type = TYPES[extname(path)] ?? 'application/octet-stream';
-    files.set(path, { type, body: new Uint8Array(await readFile(join(dir, name))), immutable: path.startsWith('assets/') });
+    const body = new Uint8Array(await readFile(join(dir, name)));
+    const gzipped = /^text\/|svg|json/.test(type) && body.length > 1024 ? new Uint8Array(gzipSync(body)) : null;
+    files.set(path, { type, body, gzipped, immutable: path.startsWith('assets/') });
   }
   return files;
 }
@@ -103,11 +108,15 @@ function respond(request: Request, path: string, files: Map<string, File> | null
   // the app routes by hash, so only the folder itself (and index.html) is the page
   const file = files.get(path === '' ? 'index.html' : path);
   if (!file) return new Response('not found', { status: 404, headers: { 'content-type': 'text/plain; charset=utf-8', 'x-content-type-options': 'nosniff' } });
+  const gzip = file.gzipped && /\bgzip\b/.test(request.headers.get('accept-encoding') ?? '');
+  const body = gzip ? file.gzipped! : file.body;
   const headers: Record<string, string> = {
     'content-type': file.type,
-    'content-length': String(file.body.length),
+    'content-length': String(body.length),
     'cache-control': file.immutable ? 'public, max-age=31536000, immutable' : 'no-cache',
+    ...(file.gzipped ? { vary: 'accept-encoding' } : {}),
+    ...(gzip ? { 'content-encoding': 'gzip' } : {}),
     ...page,
   };
-  return new Response(request.method === 'HEAD' ? null : file.body, { headers });
+  return new Response(request.method === 'HEAD' ? null : body, { headers });
 }

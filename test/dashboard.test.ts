@@ -132,8 +132,12 @@ describe('the dashboard with no internet', () => {
     const assets = [...html.matchAll(/(?:src|href)="(\/dashboard\/assets\/[^"]+)"/g)].map((m) => m[1]!);
     assert.ok(assets.some((a) => a.endsWith('.js')) && assets.some((a) => a.endsWith('.css')), assets.join(' '));
     for (const asset of assets) {
-      const response = await fetch(origin + asset);
+      const response = await fetch(origin + asset, { headers: { 'accept-encoding': 'gzip' } });
       assert.equal(response.status, 200, asset);
+      assert.equal(response.headers.get('content-encoding'), 'gzip', asset);
+      const plain = await fetch(origin + asset, { headers: { 'accept-encoding': 'identity' } });
+      assert.equal(plain.headers.get('content-encoding'), null);
+      assert.equal((await plain.arrayBuffer()).byteLength, Number(plain.headers.get('content-length')));
       assert.equal(response.headers.get('content-type'), asset.endsWith('.js') ? 'text/javascript; charset=utf-8' : 'text/css; charset=utf-8');
       assert.equal(response.headers.get('cache-control'), 'public, max-age=31536000, immutable');
     }
