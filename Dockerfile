@@ -5,6 +5,8 @@
 FROM node:20-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json ./
+# npm ci runs `prepare`, which builds the dashboard (Vite) into dashboard/dist
+COPY dashboard ./dashboard
 RUN npm ci --no-audit --no-fund
 COPY tsconfig.json tsconfig.build.json ./
 COPY src ./src
@@ -16,6 +18,9 @@ ENV NODE_ENV=production \
     ASYNCPROC_EMBEDDED=false
 WORKDIR /app
 COPY package.json package-lock.json ./
+# the built dashboard, served at /dashboard/; `prepare` finds no Vite here and keeps it
+COPY --from=build /app/dashboard/dist ./dashboard/dist
+COPY dashboard/prepare.mjs ./dashboard/
 RUN npm ci --omit=dev --no-audit --no-fund && npm cache clean --force
 COPY --from=build /app/dist ./dist
 COPY sql ./sql

@@ -120,6 +120,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
       rateLimit: rate > 0 ? new RateLimiter(rate, config.ASYNCPROC_RATE_BURST ?? Math.max(10, Math.ceil(rate * 3))) : null,
       maxConnectionsPerCaller: config.ASYNCPROC_MAX_CONNECTIONS_PER_CALLER,
       metrics: config.ASYNCPROC_METRICS,
+      dashboard: config.ASYNCPROC_DASHBOARD,
     }).catch((error: unknown) => {
       throw listenFailure(error, config.PORT, config.HOST);
     });

@@ -83,6 +83,8 @@ const schema = z.object({
   ASYNCPROC_SUGGESTIONS: flag.optional(),
   /** Prometheus metrics at /metrics. */
   ASYNCPROC_METRICS: flag.default(true),
+  /** The dashboard at /dashboard/ (`/` redirects there). */
+  ASYNCPROC_DASHBOARD: flag.default(true),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
 });
 

@@ -15,6 +15,7 @@ import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } fr
 import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
+import { useDashboard } from './dashboard.js';
 import { EngineError, type Engine } from './engine.js';
 import { coalescingWrites, useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
@@ -51,6 +52,8 @@ export interface ServerOptions {
   operationLimits?: Partial<OperationLimits>;
   /** Subscriptions one graphql-ws connection may hold. @default 100 */
   maxSubscriptionsPerConnection?: number;
+  /** The dashboard at /dashboard/ (`/` redirects there). @default true */
+  dashboard?: boolean;
   /** Prometheus metrics at /metrics. @default true */
   metrics?: boolean;
   /** Thresholds of /ready. */
@@ -137,6 +140,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
       // GraphiQL's own files: plain GETs from the page, served before the checks GraphQL requests get
       useGraphiQLAssets(graphiql),
+      ...(options.dashboard === false ? [] : [useDashboard(logger)]),
       useCrossSiteRequestPrevention(),
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),

@@ -9,6 +9,7 @@ import { createServer, connect, type Server, type Socket } from 'node:net';
 export interface Proxy {
   port: number;
   blackhole(): void;
+  /** Close every connection (as a restarted load balancer does) and refuse new ones, until `restore()`. */
   cut(): void;
   restore(): void;
   close(): Promise<void>;
