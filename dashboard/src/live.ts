@@ -13,13 +13,13 @@ export const ENDED: readonly Status[] = ['SUCCEEDED', 'FAILED', 'CANCELLED'];
 export interface ChangeEvent {
   cursor: string;
   status: Status;
-  execution: { token: string; procedure: string; queue: string; submittedBy: string | null; finishedAt: string | null; batch: { id: string } | null };
+  execution: { token: string; procedure: string; queue: string; submittedBy: string | null; finishedAt: string | null; batch: { id: string; batchId: string } | null };
 }
 
 const EVENTS = `subscription Events($after: String) {
   executionEvents(after: $after) {
     cursor status
-    execution { token procedure queue submittedBy finishedAt batch { id } }
+    execution { token procedure queue submittedBy finishedAt batch { id batchId } }
   }
 }`;
 

@@ -6,7 +6,9 @@ import { navigate } from '../router';
 import { ExecutionTable, type ExecutionRow } from './executions';
 
 interface BatchSummary {
+  /** The global (Relay) id; `batchId` is the batch's own UUID, shown and used in links. */
   id: string;
+  batchId: string;
   status: string;
   total: number;
   succeeded: number;
@@ -19,7 +21,7 @@ interface BatchSummary {
   submittedBy: string | null;
 }
 
-const SUMMARY = 'id status total succeeded failed cancelled stageCount currentStage submittedAt finishedAt submittedBy';
+const SUMMARY = 'id batchId status total succeeded failed cancelled stageCount currentStage submittedAt finishedAt submittedBy';
 
 // the API lists executions, not batches: the batches are those of the newest executions
 const RECENT = `{ executions(first: 200) { nodes { batch { ${SUMMARY} } } } }`;
@@ -50,8 +52,8 @@ export function Batches() {
                 {batches.map((b) => (
                   <tr key={b.id} class={b.status === 'FAILED' ? 'failed' : undefined}>
                     <td>
-                      <a href={`#/batch/${b.id}`} class="token">
-                        {b.id.slice(0, 8)}
+                      <a href={`#/batch/${b.batchId}`} class="token">
+                        {b.batchId.slice(0, 8)}
                       </a>
                     </td>
                     <td>
@@ -96,7 +98,7 @@ const ONE = `query Batch($id: ID!) {
 }`;
 
 export function BatchPage({ id }: { id: string }) {
-  const one = useLiveQuery<{ batch: Batch | null }>(ONE, { id }, (event) => event.execution.batch?.id === id, 200);
+  const one = useLiveQuery<{ batch: Batch | null }>(ONE, { id }, (event) => event.execution.batch?.batchId === id || event.execution.batch?.id === id, 200);
   const batch = one.data?.batch ?? null;
   const running = batch?.status === 'RUNNING';
   useEffect(() => {
@@ -108,7 +110,7 @@ export function BatchPage({ id }: { id: string }) {
   return (
     <div class="stack">
       <Section
-        title={`Batch ${batch.id.slice(0, 8)}`}
+        title={`Batch ${batch.batchId.slice(0, 8)}`}
         actions={
           running ? (
             <ConfirmAction

@@ -31,7 +31,7 @@ interface Execution {
   worker: string | null;
   sessionId: number | null;
   stage: number | null;
-  batch: { id: string } | null;
+  batch: { id: string; batchId: string } | null;
   progress: Progress | null;
   error: { number: string | null; message: string; line: number | null; severity: number | null; state: number | null; context: string | null; detail: string | null } | null;
   result: { returnValue: unknown; outputParameters: Record<string, unknown> | null; rows: unknown; rowCount: number | null; truncated: boolean | null } | null;
@@ -41,7 +41,7 @@ interface Execution {
 const ONE = `query Execution($token: ID!) {
   execution(token: $token) {
     token procedure arguments queue status submittedAt runAt startedAt finishedAt attempts maxAttempts submittedBy worker sessionId stage
-    batch { id }
+    batch { id batchId }
     progress { percent message at }
     error { number message line severity state context detail }
     result { returnValue outputParameters rows rowCount truncated }
@@ -92,7 +92,7 @@ export function ExecutionPage({ token }: { token: string }) {
           <Fact label="attempts">{execution.attempts} of {execution.maxAttempts}</Fact>
           <Fact label="worker · session">{execution.worker ?? '—'} · {execution.sessionId ?? '—'}</Fact>
           {execution.batch ? (
-            <Fact label="batch"><a href={`#/batch/${execution.batch.id}`}>{execution.batch.id.slice(0, 8)}</a> stage {execution.stage}</Fact>
+            <Fact label="batch"><a href={`#/batch/${execution.batch.batchId}`}>{execution.batch.batchId.slice(0, 8)}</a> stage {execution.stage}</Fact>
           ) : null}
         </div>
         {progress && (running || execution.status === 'SUCCEEDED') ? <ProgressBar percent={progress.percent} message={progress.message} label="progress of the call" /> : null}
