@@ -225,6 +225,29 @@ describe('ownership: a plain caller sees only its own work, and cannot tell anot
     assert.ok(body.data.running.every((r: any) => r.execution.submittedBy === 'alice'), JSON.stringify(body));
   });
 
+  it('viewer says who the caller is and what it may do; submittedBy narrows a list to one subject, never past what the caller may see', async () => {
+    const viewer = async (headers: Record<string, string>) =>
+      (await t.gql(`{ viewer { subject roles via isAdmin seesEverything } }`, {}, headers)).body.data.viewer;
+    assert.deepEqual(await viewer(alice), { subject: 'alice', roles: [], via: 'jwt', isAdmin: false, seesEverything: false });
+    assert.deepEqual(await viewer(operator), { subject: 'olga', roles: ['operator'], via: 'jwt', isAdmin: false, seesEverything: true });
+    assert.deepEqual(await viewer(admin), { subject: 'ada', roles: ['admin'], via: 'jwt', isAdmin: true, seesEverything: true });
+    assert.equal((await t.gql(`{ viewer { subject } }`)).status, 401, 'no credentials, no viewer');
+
+    await invoke(alice);
+    await invoke(bob);
+    const by = async (headers: Record<string, string>, subject: string) => {
+      const { body } = await t.gql(`query($s: String) { executions(first: 500, filter: { submittedBy: $s }) { totalCount nodes { submittedBy } } }`, { s: subject }, headers);
+      assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+      return body.data.executions as { totalCount: number; nodes: { submittedBy: string }[] };
+    };
+    const bobs = await by(operator, 'bob');
+    assert.ok(bobs.nodes.length > 0 && bobs.nodes.every((n) => n.submittedBy === 'bob'), JSON.stringify(bobs));
+    assert.equal(bobs.totalCount, bobs.nodes.length);
+    assert.deepEqual(await by(alice, 'bob'), { totalCount: 0, nodes: [] }, "a plain caller asking for another's work gets nothing");
+    const own = await by(alice, 'alice');
+    assert.ok(own.nodes.length > 0 && own.nodes.every((n) => n.submittedBy === 'alice'));
+  });
+
   it("cancelling another caller's execution or batch answers exactly as an unknown one does, and cancels nothing", async () => {
     const theirs = await invoke(bob, 'demo.sleep', { seconds: 30 });
     const unknown = '00000000-0000-4000-8000-000000000000';

@@ -154,20 +154,33 @@ export const ExecutionFilterInput = builder.inputType('ExecutionFilter', {
     procedure: t.string({ required: false }),
     queue: t.string({ required: false }),
     schedule: t.string({ required: false, description: 'Only the executions this schedule started (its name).' }),
+    submittedBy: t.string({
+      required: false,
+      description: "Only the executions this subject submitted (`Execution.submittedBy`). A plain caller sees only its own work whatever it asks: another subject matches nothing.",
+    }),
   }),
 });
 
+/**
+ * What a plain caller asking for another subject's work filters by: its own subject with a
+ * control character added, which no verified caller's subject can hold (a JWT's `sub` with one
+ * is refused), so it matches nothing, and whatever it could match would still be the caller's.
+ */
+const nobodyBut = (own: string) => `${own}\u0001`;
+
 /** The filter a caller asked for, narrowed to its own executions unless it sees everything. */
 export function toFilter(
-  input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null; schedule?: string | null } | null | undefined,
+  input: { status?: readonly string[] | null; procedure?: string | null; queue?: string | null; schedule?: string | null; submittedBy?: string | null } | null | undefined,
   context: Context,
 ): ExecutionFilter {
+  const own = ownerFilter(context.principal);
+  const asked = input?.submittedBy ?? null;
   return {
     status: (input?.status as ExecutionFilter['status']) ?? null,
     procedure: input?.procedure ?? null,
     queue: input?.queue ?? null,
     schedule: input?.schedule ?? null,
-    submittedBy: ownerFilter(context.principal),
+    submittedBy: own === null ? asked : asked === null || asked === own ? own : nobodyBut(own),
   };
 }
 

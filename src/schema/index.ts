@@ -8,6 +8,7 @@ import './batch.js';
 import './apiKeys.js';
 import './schedules.js';
 import './node.js';
+import './viewer.js';
 
 export type { Context, Limits } from './builder.js';
 
