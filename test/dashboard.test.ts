@@ -243,6 +243,11 @@ describe('following work live', () => {
     await page.getByRole('checkbox', { name: 'failed' }).check();
     await page.locator('tr[data-token]:not(.failed)').first().waitFor({ state: 'detached' });
     await page.locator(`tr.failed[data-token="${token}"]`).waitFor();
+    // "submitted by" asks the service: another subject's list is empty, the development caller's (null) not
+    await page.getByLabel('submitted by').fill('somebody-else');
+    await page.locator('tr[data-token]').first().waitFor({ state: 'detached' });
+    await page.getByLabel('submitted by').fill('');
+    await page.locator(`tr.failed[data-token="${token}"]`).waitFor();
     assert.deepEqual(errors, []);
     await page.context().close();
   });
@@ -457,7 +462,7 @@ describe('signing in', () => {
 
       const { page } = await open(secured, '#/running');
       await signIn(page, plain);
-      await shows(page, '.who', 'caller');
+      await shows(page, '.who', 'paul · caller');
       await shows(page, 'main.page', 'Nothing runs now');
       assert.equal(await page.getByRole('button', { name: 'Cancel' }).count(), 0);
       await page.goto(`${new URL(secured.url).origin}/dashboard/#/execution/${token}`);

@@ -137,28 +137,21 @@ export function useProgress(token: string, initial: Progress | null, follow: boo
   return progress;
 }
 
-/** What the signed-in caller may do, found out from the API (it has no "who am I" query). */
+/** What the signed-in caller may do, as the API's `viewer` says (the server checks every action anyway). */
 export interface Capabilities {
   /** Admin (or anonymous development mode): queues, schedules, the registry. */
   admin: boolean;
   /** Admin or operator: sees and cancels everyone's work, reads schedules. */
   operator: boolean;
+  /** Who the caller is (`submittedBy` of what it submits). */
+  subject: string | null;
 }
 
 export const capabilities = new Store<Capabilities | null>(null);
 
-/** Ask for what only admins (API keys) and operators (schedules) may read: FORBIDDEN says the caller may not. */
 export async function probeCapabilities(): Promise<Capabilities> {
-  const allowed = (query: string) =>
-    gql(query).then(
-      () => true,
-      (error: ApiError) => {
-        if (error.code === 'FORBIDDEN') return false;
-        throw error;
-      },
-    );
-  const admin = await allowed('{ apiKeys { id } }');
-  const found = { admin, operator: admin || (await allowed('{ schedules { name } }')) };
+  const { viewer } = await gql<{ viewer: { subject: string | null; isAdmin: boolean; seesEverything: boolean } }>('{ viewer { subject isAdmin seesEverything } }');
+  const found = { admin: viewer.isAdmin, operator: viewer.seesEverything, subject: viewer.subject };
   capabilities.set(found);
   return found;
 }

@@ -126,7 +126,9 @@ function Shell() {
         </nav>
         <div class="who">
           <span class={`dot ${live ? 'live' : 'down'}`} title={live ? 'live: following changes' : 'reconnecting…'} data-live={live} />
-          <span class="small">{authorization ? (caps?.admin ? 'admin' : caps?.operator ? 'operator' : 'caller') : 'development (no sign-in)'}</span>
+          <span class="small" title={caps?.subject ?? undefined}>
+            {authorization ? `${caps?.subject ?? ''} · ${caps?.admin ? 'admin' : caps?.operator ? 'operator' : 'caller'}` : 'development (no sign-in)'}
+          </span>
           {authorization ? (
             <button type="button" class="link" onClick={() => signOut('signed out')}>
               Sign out

@@ -44,11 +44,18 @@ export function Executions() {
   const variables = {
     first: PAGE,
     after,
-    filter: { ...(filter.status.length ? { status: filter.status } : {}), ...(filter.procedure ? { procedure: filter.procedure } : {}), ...(filter.queue ? { queue: filter.queue } : {}) },
+    filter: {
+      ...(filter.status.length ? { status: filter.status } : {}),
+      ...(filter.procedure ? { procedure: filter.procedure } : {}),
+      ...(filter.queue ? { queue: filter.queue } : {}),
+      ...(filter.submittedBy.trim() ? { submittedBy: filter.submittedBy.trim() } : {}),
+    },
   };
   const [missed, setMissed] = useState(0);
   const matches = (event: ChangeEvent) =>
-    (!filter.procedure || event.execution.procedure === filter.procedure) && (!filter.queue || event.execution.queue === filter.queue);
+    (!filter.procedure || event.execution.procedure === filter.procedure) &&
+    (!filter.queue || event.execution.queue === filter.queue) &&
+    (!filter.submittedBy.trim() || event.execution.submittedBy === filter.submittedBy.trim());
   // the newest page follows every change; a later page stays put and says how much changed
   const list = useLiveQuery<{ executions: { totalCount: number; pageInfo: { hasNextPage: boolean; endCursor: string | null }; nodes: ExecutionRow[] } }>(
     LIST,
@@ -75,8 +82,7 @@ export function Executions() {
     );
   };
   const data = list.data?.executions;
-  // the API filters by status, procedure and queue; "submitted by" narrows the page shown
-  const rows = (data?.nodes ?? []).filter((e) => !filter.submittedBy || (e.submittedBy ?? '').toLowerCase().includes(filter.submittedBy.toLowerCase()));
+  const rows = data?.nodes ?? [];
   return (
     <div class="stack">
       <Section title="Find">
@@ -104,7 +110,7 @@ export function Executions() {
           <Choice label="queue" value={filter.queue} names={options.data?.queues} onChange={(queue) => change({ queue })} />
           <label>
             submitted by
-            <input value={filter.submittedBy} placeholder="on this page" onInput={(e) => setFilter({ ...filter, submittedBy: e.currentTarget.value })} />
+            <input value={filter.submittedBy} placeholder="subject, exactly" onInput={(e) => change({ submittedBy: e.currentTarget.value })} />
           </label>
         </div>
       </Section>
