@@ -17,7 +17,8 @@
  *                  (sizes, '' to skip), BENCH_FANOUT_CALLS=3000. No peer: graphile-worker has no subscriptions.
  * and at the end one table of the performance issue's targets.
  *
- * BENCH_QUICK=1: every part, short (one round, fewer calls). BENCH_ONLY=drain: the drain rounds alone.
+ * BENCH_QUICK=1: every part, short (one round, fewer calls). BENCH_ONLY=drain,edge: only the parts named
+ * (drain, concurrency, scale, growth, edge, fanout).
  * BENCH_SOAK=<seconds> runs bench/soak.ts instead: a steady load, memory and database size every minute.
  */
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
@@ -43,7 +44,7 @@ const HISTORY = Number(process.env.BENCH_HISTORY ?? (QUICK ? 100_000 : 1_000_000
 const QUEUES = Number(process.env.BENCH_QUEUES ?? 1000);
 const PER_QUEUE = 10;
 const CLAIMS = QUICK ? 50 : 200;
-/** BENCH_ONLY=drain: the drain rounds alone (no GraphQL service). */
+/** BENCH_ONLY=drain,edge,…: only these parts (drain, concurrency, scale, growth, edge, fanout). */
 const ONLY = process.env.BENCH_ONLY;
 
 const ratios = (ours: number[], theirs: number[]) => ours.map((o, i) => o / theirs[i]);
@@ -73,26 +74,11 @@ async function rounds<T>(label: string, fn: (round: number) => Promise<T>, descr
   return results;
 }
 
-async function main() {
-  if (process.env.BENCH_SOAK) {
-    // a long steady load instead of the rates (bench/soak.ts): not part of the usual run
-    const { soak } = await import('./soak.js');
-    return soak();
-  }
-  const started = performance.now();
-  const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-bench-'));
-  await chmod(dir, 0o755);
-  const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
-  await watchCluster(server.dataDir);
-  const db = (name: string) => freshDatabase(server.url, name);
-  const targets: Target[] = [];
-  try {
-    const version = (await query(server.url, 'show server_version')).rows[0].server_version;
-    console.log(
-      `asyncproc benchmark — embedded PostgreSQL ${version}, default settings, Node ${process.version}, ${cpus().length} cores; ` +
-        `${ROUNDS} round(s): median [min–max]${QUICK ? '; BENCH_QUICK' : ''}`,
-    );
+type Part = (db: (name: string) => Promise<string>, targets: Target[]) => Promise<void>;
 
+/** The parts of a run, in order; BENCH_ONLY names some of them (comma-separated). */
+const PARTS: Record<string, Part> = {
+  drain: async (db, targets) => {
     // rounds alternate ours and theirs, so a noisy moment of the machine hits both
     section(`drain: ${DRAIN} no-op calls, concurrency ${CONCURRENCY}; graphile-worker unbatched, and batched (${GRAPHILE_BATCH} items a job, rate and CPU per item)`);
     const [ourUrl, peerUrl, batchedUrl] = [await db('bench_asyncproc'), await db('bench_graphile'), await db('bench_graphile_batched')];
@@ -109,8 +95,8 @@ async function main() {
       { target: `drain, concurrency ${CONCURRENCY}: ≥ 2.0× graphile-worker unbatched`, ours: `${spread(rates(ours))}/s`, peer: `${spread(rates(drains.map((d) => d.peer)))}/s`, ...ratioCell(ratios(rates(ours), rates(drains.map((d) => d.peer))), 2.0) },
       { target: `grouped commits: ≥ 1.0× graphile-worker batched (ours unbatched: no grouped commits yet)`, ours: `${spread(rates(ours))}/s`, peer: `${spread(rates(drains.map((d) => d.batched)))}/s`, ...ratioCell(ratios(rates(ours), rates(drains.map((d) => d.batched))), 1.0) },
     );
-    if (ONLY === 'drain') return printTargets(targets);
-
+  },
+  concurrency: async (db, targets) => {
     section(`drain versus concurrency: ${DRAIN} no-op calls, one process, a fresh database each`);
     const curve = await rounds(
       'concurrency',
@@ -119,7 +105,8 @@ async function main() {
     );
     for (const [i, c] of CURVE.entries()) console.log(`  concurrency ${String(c).padStart(3)}: ${describeDrains(curve.map((r) => r[i]))}`);
     targets.push({ target: 'drain versus concurrency 1, 10, 50, 100 (the curve)', ours: CURVE.map((c, i) => `${c}: ${mid(rates(curve.map((r) => r[i]))).toFixed(0)}/s`).join(', '), peer: '', ratio: '', met: null });
-
+  },
+  scale: async (db, targets) => {
     section(`scale-out: ${DRAIN} no-op calls by 1, 2 and 4 \`worker\` processes sharing the queue's limit of ${CONCURRENCY}, a fresh database each (node CPU: all worker processes)`);
     const scale = await rounds(
       'scale-out',
@@ -132,7 +119,8 @@ async function main() {
       ours: PROCESSES.map((p, i) => `${p}: ${mid(rates(scale.map((r) => r[i]))).toFixed(0)}/s (${mid(scale.map((r) => r[i].postgresUs)).toFixed(0)} µs)`).join(', '),
       peer: '', ratio: '', met: null,
     });
-
+  },
+  growth: async (db, targets) => {
     section(`growth: drain (${DRAIN} calls) and submit → start latency (${CLAIMS} single calls) with ${HISTORY.toLocaleString('en')} finished executions in history, and with ${QUEUES} queues holding ${PER_QUEUE} pending calls each`);
     const growthDbs = { empty: await db('bench_empty'), history: await db('bench_history'), queues: await db('bench_queues') };
     let t0 = performance.now();
@@ -165,7 +153,8 @@ async function main() {
         { target: `submit → start p50 with ${what}: within 10%`, ours: `${spread(growth.map((r) => percentile(r[kind].claims, 50)), 2)} ms`, peer: `empty ${spread(growth.map((r) => percentile(r.empty.claims, 50)), 2)} ms`, ...ratioCell(claimRatios, 1.1, 'at most') },
       );
     }
-
+  },
+  edge: async (db, targets) => {
     section(
       `GraphQL edge: invoke from ${CALLERS} HTTP clients in a separate process — the service without its worker pool (enqueue only, like pg-boss send), ` +
         `and as deployed (the pool runs the calls meanwhile); pg-boss send from ${CALLERS} callers; then ${LATENCY} sequential calls`,
@@ -202,7 +191,8 @@ async function main() {
       { target: 'mutation → executionCompleted p50 ≤ 2 ms (peer: addJob → handler start)', ours: `${spread(p('latencies', 50), 1)} ms`, peer: `${spread(p('peerLatencies', 50), 1)} ms`, ratio: `${mid(ratios(p('latencies', 50), p('peerLatencies', 50))).toFixed(2)}×`, met: mid(p('latencies', 50)) <= 2 },
       { target: 'mutation → executionCompleted p99 ≤ 6 ms', ours: `${spread(p('latencies', 99), 1)} ms`, peer: `${spread(p('peerLatencies', 99), 1)} ms`, ratio: `${mid(ratios(p('latencies', 99), p('peerLatencies', 99))).toFixed(2)}×`, met: mid(p('latencies', 99)) <= 6 },
     );
-
+  },
+  fanout: async (db, targets) => {
     const fanouts: FanoutRun[] = [];
     if (FANOUT.length) {
       section(`executionEvents fan-out, ${FANOUT_CALLS} no-op calls (no peer: graphile-worker has no subscriptions)`);
@@ -218,6 +208,32 @@ async function main() {
         ? { target: `50 executionEvents subscribers each see all ${fifty.calls} completions exactly once`, ours: `missing ${fifty.missing}, repeated ${fifty.repeats}; last ${(fifty.delayMs / 1000).toFixed(2)} s after the last completion`, peer: 'no subscriptions', ratio: '', met: fifty.missing === 0 && fifty.repeats === 0 && !fifty.errors.length }
         : { target: '50 executionEvents subscribers each see every completion once', ours: 'not measured (BENCH_FANOUT without 50)', peer: '', ratio: '', met: null },
     );
+  },
+};
+
+async function main() {
+  if (process.env.BENCH_SOAK) {
+    // a long steady load instead of the rates (bench/soak.ts): not part of the usual run
+    const { soak } = await import('./soak.js');
+    return soak();
+  }
+  const started = performance.now();
+  const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-bench-'));
+  await chmod(dir, 0o755);
+  const server = await startEmbeddedPostgres({ dataDir: path.join(dir, 'data'), port: await freePort() });
+  await watchCluster(server.dataDir);
+  const db = (name: string) => freshDatabase(server.url, name);
+  const targets: Target[] = [];
+  try {
+    const version = (await query(server.url, 'show server_version')).rows[0].server_version;
+    console.log(
+      `asyncproc benchmark — embedded PostgreSQL ${version}, default settings, Node ${process.version}, ${cpus().length} cores; ` +
+        `${ROUNDS} round(s): median [min–max]${QUICK ? '; BENCH_QUICK' : ''}`,
+    );
+
+    for (const [name, part] of Object.entries(PARTS)) {
+      if (!ONLY || ONLY.split(',').includes(name)) await part(db, targets);
+    }
     printTargets(targets);
     console.log(`\nbench ran ${((performance.now() - started) / 1000).toFixed(0)} s`);
   } finally {
