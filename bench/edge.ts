@@ -1,6 +1,6 @@
 /**
  * The GraphQL edge: `invoke` mutations/s from 10 HTTP clients in a separate process
- * (bench/invokeClients.mjs) against pg-boss's single-call `send` from 10 concurrent callers, and
+ * (bench/invokeClients.ts) against pg-boss's single-call `send` from 10 concurrent callers, and
  * mutation response → `executionCompleted` at a graphql-ws subscriber.
  */
 import { fork } from 'node:child_process';
@@ -12,7 +12,7 @@ import { startApp, type App } from '../src/app.js';
 import { loadConfig } from '../src/config.js';
 import { silentLogger } from '../src/logger.js';
 import { freePort } from '../test/support/database.js';
-import { QUICK } from './measure.js';
+import { concurrently, QUICK } from './measure.js';
 
 export const INVOKES = Number(process.env.BENCH_INVOKES ?? (QUICK ? 1_000 : 5_000));
 export const CALLERS = 10;
@@ -29,9 +29,9 @@ export async function startService(url: string, activator = true): Promise<App &
 
 /** `invoke` mutations/s from CALLERS clients in a child process. */
 export async function invokeRate(endpoint: string): Promise<number> {
-  const child = fork(fileURLToPath(new URL('./invokeClients.mjs', import.meta.url)), [
+  const child = fork(fileURLToPath(new URL('./invokeClients.ts', import.meta.url)), [
     JSON.stringify({ url: endpoint, invokes: INVOKES, concurrency: CALLERS, warmup: 200 }),
-  ], { execArgv: [] });
+  ], { execArgv: ['--import', 'tsx'] });
   const [message] = (await once(child, 'message')) as [{ rate: number; errors: number }];
   if (message.errors) throw new Error(`${message.errors} invokes failed`);
   return message.rate;
@@ -46,17 +46,9 @@ export async function pgBossSendRate(url: string): Promise<number> {
   await boss.createQueue('bench').catch(() => undefined); // the queue stays from an earlier round
   const send = () => boss.send('bench', {});
   for (let i = 0; i < 200; i++) await send(); // warm up
-  let sent = 0;
-  const t0 = performance.now();
-  await Promise.all(
-    Array.from({ length: CALLERS }, async () => {
-      while (sent < INVOKES) {
-        sent++;
-        if (!(await send())) throw new Error('pg-boss send returned no id');
-      }
-    }),
-  );
-  const rate = INVOKES / ((performance.now() - t0) / 1000);
+  const rate = await concurrently(CALLERS, INVOKES, async () => {
+    if (!(await send())) throw new Error('pg-boss send returned no id');
+  });
   await boss.stop({ graceful: false, wait: true });
   return rate;
 }

@@ -108,3 +108,18 @@ export async function freshDatabase(serverUrl: string, name: string): Promise<st
   await query(serverUrl, `create database ${name}`);
   return serverUrl.replace(/\/postgres$/, `/${name}`);
 }
+
+/** `total` calls of `fn` from `callers` concurrent callers, each calling again as soon as its call returns; calls/s. */
+export async function concurrently(callers: number, total: number, fn: () => Promise<unknown>): Promise<number> {
+  let started = 0;
+  const t0 = performance.now();
+  await Promise.all(
+    Array.from({ length: callers }, async () => {
+      while (started < total) {
+        started++;
+        await fn();
+      }
+    }),
+  );
+  return total / ((performance.now() - t0) / 1000);
+}
