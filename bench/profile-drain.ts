@@ -8,11 +8,11 @@
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
-import pg from 'pg';
 import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
 import { createPostgresEngine } from '../src/engines/postgres/index.js';
 import { freePort } from '../test/support/database.js';
 import { clusterCpuMs } from './clusterCpu.js';
+import { withClient } from './measure.js';
 
 const DRAIN = Number(process.env.BENCH_DRAIN ?? 10_000);
 /** PROFILE_STATEMENTS=0: without pg_stat_statements (cleaner CPU figures). */
@@ -21,16 +21,6 @@ const STATEMENTS = process.env.PROFILE_STATEMENTS !== '0';
 const SETUP = process.env.PROFILE_SETUP;
 /** PROFILE_PERF=file: `perf record -g` the worker backends into that file while they drain. */
 const PERF = process.env.PROFILE_PERF;
-
-async function withClient<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ connectionString: url });
-  await client.connect();
-  try {
-    return await fn(client);
-  } finally {
-    await client.end();
-  }
-}
 
 async function main() {
   const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-profile-'));
