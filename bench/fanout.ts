@@ -51,6 +51,8 @@ export interface WatcherRun {
   maxMs: number;
   /** Watchers that never heard their call end. */
   missing: number;
+  /** The service's resident memory growth while the watchers subscribed, per watcher (bytes; the service runs in the bench's process). */
+  bytesPerWatcher: number;
   errors: string[];
 }
 
@@ -62,6 +64,7 @@ export interface WatcherRun {
  * `executionEvents` subscribers' stream is at its busiest.
  */
 export async function runFanout(databaseUrl: string, subscribers: number, calls: number, watchers = 0): Promise<FanoutRun> {
+  calls = Math.max(calls, watchers);
   const config = loadConfig({ DATABASE_URL: databaseUrl, PORT: String(await freePort()), HOST: '127.0.0.1', LOG_LEVEL: 'silent', ASYNCPROC_AUTH: 'none', ASYNCPROC_DEMO: 'true' });
   const app = await startApp(config, silentLogger);
   const endpoint = app.server!.url;
@@ -89,18 +92,28 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
     await next(); // ready: the sockets are opening
     await waitForSubscribers(app.hub!, subscribers);
     const tokens: string[] = [];
-    // with watchers, every call is due at one instant, once the watchers are in
-    const runAt = watchers > 0 ? Date.now() + 10_000 + watchers * 10 : null;
+    // with watchers, every call waits until the watchers are in, then all are made due at one instant
+    const runAt = watchers > 0 ? Date.now() + 3_600_000 : null;
     const t0 = Date.now();
     for (let n = 0; n < calls; n += 100) {
       const inputs = Array.from({ length: Math.min(100, calls - n) }, () => ({ procedure: 'demo.noop', ...(runAt ? { runAt: new Date(runAt).toISOString() } : {}) }));
       const data = await gql('mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }', { i: inputs });
       tokens.push(...data.invokeMany.executions.map((e: { token: string }) => e.token));
     }
+    const rssBefore = process.memoryUsage().rss;
     const watching = runAt ? watch(endpoint, tokens.slice(0, watchers)) : null;
-    if (watching) await waitForSubscribers(app.hub!, subscribers + watchers);
-    if (runAt && Date.now() > runAt) throw new Error(`the ${watchers} watchers took too long to subscribe`);
-    const lastSubmit = runAt ?? Date.now();
+    let bytesPerWatcher = NaN;
+    if (watching) {
+      await waitForSubscribers(app.hub!, subscribers + watchers, 120_000);
+      // the service runs in this process: what its memory grew by while the watchers came in (alone only:
+      // event subscribers' traffic makes the difference noise)
+      if (subscribers === 0) bytesPerWatcher = (process.memoryUsage().rss - rssBefore) / watchers;
+      const release = new pg.Client({ connectionString: databaseUrl });
+      await release.connect();
+      await release.query(`update asyncproc.executions set run_at = clock_timestamp() where token = any($1::uuid[])`, [tokens]);
+      await release.end();
+    }
+    const lastSubmit = Date.now();
     child.send({ expect: tokens });
     const { results } = (await next()) as { results: { events: number; last: number; missing: number; repeats: number; errors: string[] }[] };
     const watched = await watching;
@@ -127,7 +140,7 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       missing: results.reduce((sum, r) => sum + r.missing, 0),
       repeats: results.reduce((sum, r) => sum + r.repeats, 0),
       errors: results.flatMap((r) => r.errors).slice(0, 5),
-      ...(watched ? { watchers: watcherRun(watched, finishedAt) } : {}),
+      ...(watched ? { watchers: { ...watcherRun(watched, finishedAt), bytesPerWatcher } } : {}),
     };
   } finally {
     await app.stop();
@@ -136,7 +149,9 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
 
 /** The watchers' child: subscribes one socket per token, answers with each arrival. */
 async function watch(endpoint: string, tokens: string[]): Promise<{ arrivals: Record<string, number>; errors: string[]; count: number }> {
-  const child = fork(fileURLToPath(new URL('./fanoutWatchers.mjs', import.meta.url)), [JSON.stringify({ url: endpoint, tokens, timeoutMs: 180_000 })], { execArgv: [] });
+  // the tokens go over IPC: 10,000 of them are too long for a command line
+  const child = fork(fileURLToPath(new URL('./fanoutWatchers.mjs', import.meta.url)), [], { execArgv: [] });
+  child.send({ url: endpoint, tokens, timeoutMs: 180_000 });
   return new Promise((resolve, reject) => {
     child.on('message', (message: any) => message.arrivals && resolve({ ...message, count: tokens.length }));
     child.on('exit', (code) => reject(new Error(`the watchers exited (${code}) before answering`)));
@@ -144,15 +159,16 @@ async function watch(endpoint: string, tokens: string[]): Promise<{ arrivals: Re
 }
 
 function watcherRun(watched: { arrivals: Record<string, number>; errors: string[]; count: number }, finishedAt: Map<string, number>): WatcherRun {
+  // arrivals − finishedAt: the watchers' process and the database share this machine's clock
   const delays = Object.entries(watched.arrivals)
     .map(([token, at]) => at - finishedAt.get(token)!)
     .sort((a, b) => a - b);
   const at = (q: number) => delays[Math.min(delays.length - 1, Math.floor(q * delays.length))] ?? NaN;
-  return { count: watched.count, p50Ms: at(0.5), p99Ms: at(0.99), maxMs: delays.at(-1) ?? NaN, missing: watched.count - delays.length, errors: watched.errors };
+  return { count: watched.count, p50Ms: at(0.5), p99Ms: at(0.99), maxMs: delays.at(-1) ?? NaN, missing: watched.count - delays.length, errors: watched.errors, bytesPerWatcher: NaN };
 }
 
-async function waitForSubscribers(hub: { size: number }, n: number): Promise<void> {
-  const deadline = Date.now() + 60_000;
+async function waitForSubscribers(hub: { size: number }, n: number, timeoutMs = 60_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
   while (hub.size < n) {
     if (Date.now() > deadline) throw new Error(`only ${hub.size} of ${n} subscribers joined`);
     await new Promise((resolve) => setTimeout(resolve, 20));
@@ -165,6 +181,7 @@ export const describeFanout = (r: FanoutRun) =>
   (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '') +
   (r.watchers
     ? `; ${r.watchers.count} executionCompleted watchers: heard their call end p50 ${r.watchers.p50Ms.toFixed(0)} ms, p99 ${r.watchers.p99Ms.toFixed(0)} ms, max ${r.watchers.maxMs.toFixed(0)} ms after it` +
+      (Number.isNaN(r.watchers.bytesPerWatcher) ? '' : `, service memory ${(r.watchers.bytesPerWatcher / 1024).toFixed(1)} KB a watcher`) +
       (r.watchers.missing || r.watchers.errors.length ? ` — MISSING ${r.watchers.missing}, errors ${JSON.stringify(r.watchers.errors)}` : '')
     : '');
 

@@ -1,12 +1,12 @@
 // The executionCompleted watchers of the fan-out bench, in their own process: one graphql-ws
 // socket per token, each subscribed to `executionCompleted(token)`. Plain JavaScript.
 //
-// argv: { url, tokens, timeoutMs }. Sends { subscribed } once every socket acknowledged its
+// Its first IPC message: { url, tokens, timeoutMs }. Sends { subscribed } once every socket acknowledged its
 // subscription, then { arrivals: { token: ms } } once every watcher heard its call end (or the deadline).
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
 
-const { url, tokens, timeoutMs } = JSON.parse(process.argv[2]);
+const { url, tokens, timeoutMs } = await new Promise((resolve) => process.once('message', resolve));
 const COMPLETED = `subscription($token: ID!) { executionCompleted(token: $token) { token status } }`;
 const arrivals = {};
 const errors = [];

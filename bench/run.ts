@@ -15,6 +15,8 @@
  *                  graphile-worker addJob → handler start
  *   fan-out        N executionEvents subscribers while no-op calls run (bench/fanout.ts): BENCH_FANOUT=1,10,50,200
  *                  (sizes, '' to skip), BENCH_FANOUT_CALLS=3000. No peer: graphile-worker has no subscriptions.
+ *                  Then BENCH_FANOUT_WATCHERS=1000 executionCompleted subscribers (a call each) alone and beside
+ *                  50 executionEvents subscribers, and BENCH_MANY_WATCHERS=10000 alone (delay, memory a subscriber).
  * and at the end one table of the performance issue's targets.
  *
  * BENCH_QUICK=1: every part, short (one round, fewer calls). BENCH_ONLY=drain,edge: only the parts named
@@ -38,6 +40,9 @@ import { printTargets, ratioCell, type Target } from './targets.js';
 const LATENCY = Number(process.env.BENCH_LATENCY ?? (QUICK ? 100 : 500));
 const FANOUT = (process.env.BENCH_FANOUT ?? (QUICK ? '50' : '1,10,50,200')).split(',').filter(Boolean).map(Number);
 const FANOUT_CALLS = Number(process.env.BENCH_FANOUT_CALLS ?? (QUICK ? 500 : 3000));
+/** executionCompleted subscribers (one call each) beside 0 and 50 executionEvents subscribers, and the many-subscriber case. */
+const WATCHERS = Number(process.env.BENCH_FANOUT_WATCHERS ?? (QUICK ? 200 : 1000));
+const MANY_WATCHERS = Number(process.env.BENCH_MANY_WATCHERS ?? (QUICK ? 1000 : 10_000));
 const CURVE = [1, 10, 50, 100];
 const PROCESSES = [1, 2, 4];
 const HISTORY = Number(process.env.BENCH_HISTORY ?? (QUICK ? 100_000 : 1_000_000));
@@ -202,8 +207,41 @@ const PARTS: Record<string, Part> = {
       }
     }
     const fifty = fanouts.find((f) => f.subscribers === 50);
+    let watchers: { alone: FanoutRun; busy: FanoutRun } | null = null;
+    let many: FanoutRun | null = null;
+    if (WATCHERS > 0) {
+      section(`${WATCHERS} executionCompleted subscribers (a socket and a call each; all calls due at one instant), alone and beside 50 executionEvents subscribers`);
+      const alone = await runFanout(await db('bench_watchers_alone'), 0, FANOUT_CALLS, WATCHERS);
+      console.log(`  ${describeFanout(alone)}`);
+      const busy = await runFanout(await db('bench_watchers_busy'), 50, FANOUT_CALLS, WATCHERS);
+      console.log(`  ${describeFanout(busy)}`);
+      watchers = { alone, busy };
+    }
+    if (MANY_WATCHERS > 0) {
+      section(`${MANY_WATCHERS} executionCompleted subscribers, a socket and a call each`);
+      many = await runFanout(await db('bench_watchers_many'), 0, MANY_WATCHERS, MANY_WATCHERS);
+      console.log(`  ${describeFanout(many)}`);
+    }
+    const w = (run: FanoutRun) => run.watchers!;
     targets.push(
-      { target: '10,000 graphql-ws subscribers on their own tokens: all within 1 s, ≤ 30 KB each', ours: 'not measured here (bench/fanout.ts, the fan-out work)', peer: '', ratio: '', met: null },
+      many
+        ? {
+            target: `${many.watchers!.count} graphql-ws subscribers, each on its own call: all within 1 s of it, ≤ 30 KB each`,
+            ours: `max ${w(many).maxMs.toFixed(0)} ms (p99 ${w(many).p99Ms.toFixed(0)}), ${(w(many).bytesPerWatcher / 1024).toFixed(1)} KB each, missing ${w(many).missing}`,
+            peer: 'no subscriptions',
+            ratio: '',
+            met: w(many).missing === 0 && w(many).maxMs <= 1000 && w(many).bytesPerWatcher <= 30 * 1024,
+          }
+        : { target: '10,000 graphql-ws subscribers on their own tokens: all within 1 s, ≤ 30 KB each', ours: 'not measured (BENCH_MANY_WATCHERS=0)', peer: '', ratio: '', met: null },
+      watchers
+        ? {
+            target: `${WATCHERS} executionCompleted subscribers not slowed by 50 executionEvents subscribers (p99 after the call's end; peer: the same alone)`,
+            ours: `p99 ${w(watchers.busy).p99Ms.toFixed(0)} ms, max ${w(watchers.busy).maxMs.toFixed(0)} ms`,
+            peer: `p99 ${w(watchers.alone).p99Ms.toFixed(0)} ms, max ${w(watchers.alone).maxMs.toFixed(0)} ms`,
+            ratio: `${(w(watchers.busy).p99Ms / w(watchers.alone).p99Ms).toFixed(2)}×`,
+            met: w(watchers.busy).p99Ms <= 1.2 * w(watchers.alone).p99Ms,
+          }
+        : { target: 'executionCompleted subscribers not slowed by executionEvents subscribers', ours: 'not measured (BENCH_FANOUT_WATCHERS=0)', peer: '', ratio: '', met: null },
       fifty
         ? { target: `50 executionEvents subscribers each see all ${fifty.calls} completions exactly once`, ours: `missing ${fifty.missing}, repeated ${fifty.repeats}; last ${(fifty.delayMs / 1000).toFixed(2)} s after the last completion`, peer: 'no subscriptions', ratio: '', met: fifty.missing === 0 && fifty.repeats === 0 && !fifty.errors.length }
         : { target: '50 executionEvents subscribers each see every completion once', ours: 'not measured (BENCH_FANOUT without 50)', peer: '', ratio: '', met: null },
