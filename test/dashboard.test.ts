@@ -12,7 +12,7 @@ import { contentSecurityPolicy } from '../src/dashboard.js';
 import { startTestApp, type TestApp } from './support/app.js';
 import { launchChromium } from './support/browser.js';
 import { ensureDashboardBuilt } from './support/dashboard.js';
-import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+import { sleep, startTestCluster, waitFor, type TestCluster } from './support/database.js';
 import { startProxy } from './support/proxy.js';
 
 let cluster: TestCluster;
@@ -344,7 +344,13 @@ describe('resuming', () => {
       // one event seen first, so the stream has a cursor of its own to resume from
       await waitFor(async () => (await statusOf(t, await invoke(t, { procedure: 'demo.add', arguments: { a: 0, b: 0 } }))) === 'SUCCEEDED', 30_000, 'a first call');
       await page.waitForFunction((selector) => Number(document.querySelector(selector)?.textContent) > 0, total);
-      const before = Number(await text(page, total));
+      // calls of earlier tests may still end meanwhile: compare the page's count with the service's, both quiet
+      const succeeded = async () => (await gqlData(t, '{ executions(filter: { status: [SUCCEEDED] }) { totalCount } }')).executions.totalCount as number;
+      const quiet = await waitFor(async () => {
+        const [pageBefore, serviceBefore] = [Number(await text(page, total)), await succeeded()];
+        await sleep(500);
+        return pageBefore === Number(await text(page, total)) && serviceBefore === (await succeeded()) ? { page: pageBefore, service: serviceBefore } : null;
+      }, 30_000, 'a quiet moment');
       proxy.cut();
       await page.locator('.dot[data-live="false"]').waitFor({ timeout: 30_000 });
       const tokens = [];
@@ -352,7 +358,11 @@ describe('resuming', () => {
       for (const token of tokens) await waitFor(async () => (await statusOf(t, token)) === 'SUCCEEDED', 30_000, 'the calls made while cut off');
       proxy.restore();
       await page.locator('.dot[data-live="true"]').waitFor({ timeout: 60_000 });
-      await shows(page, total, String(before + 3));
+      // every call that succeeded since, the three made while cut off among them, and none twice
+      await waitFor(async () => {
+        const since = (await succeeded()) - quiet.service;
+        return since >= 3 && Number(await text(page, total)) === quiet.page + since;
+      }, 30_000, `the page to count what succeeded while it was cut off, once each (it showed ${quiet.page} before)`);
       await page.context().close();
     } finally {
       await proxy.close();
