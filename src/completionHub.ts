@@ -461,6 +461,19 @@ export class CompletionHub implements ListenerSink, Closeable {
         // read after joining the feed: what the feed hands out from now on is past `upper` or seen by it
         const upper = await this.untilRead(() => this.engine.currentPosition(), stopped);
         if (!upper) return;
+        if (floor && floor.xmax > upper.xmax) {
+          // Writers are numbered in commit-independent order and only ever forward: a cursor past
+          // the database's next writer was not given by this database as it is now. After a
+          // failover that lost commits the new primary numbers writers again from below the
+          // cursor, and resuming would skip its new changes until the numbers pass it.
+          queue.end(
+            new EngineError(
+              'CURSOR_AHEAD',
+              'this cursor is ahead of the database (it failed over and lost commits, was restored from a backup, or the cursor is from another database): nothing can be resumed from it; subscribe again without `after` (or with `changeCursor`) and read the current state',
+            ),
+          );
+          return;
+        }
         covered = floor ?? upper;
         if (floor) {
           // everything `upper` sees and `floor` does not, matching the filter; a page at a time as the subscriber takes them

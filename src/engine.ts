@@ -434,7 +434,13 @@ export type EngineErrorCode =
   /** cancelExecution on an execution that already ended. */
   | 'ALREADY_FINISHED'
   /** An event stream whose subscriber fell too far behind was ended; resume from the last cursor with `after`. */
-  | 'SLOW_CONSUMER';
+  | 'SLOW_CONSUMER'
+  /**
+   * A cursor ahead of the database: it names writers the database has not had (a failover that
+   * lost commits, a restored backup, another database's cursor). Nothing can be resumed from it:
+   * subscribe without `after` and read the current state.
+   */
+  | 'CURSOR_AHEAD';
 
 export class EngineError extends Error {
   constructor(

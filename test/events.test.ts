@@ -11,7 +11,7 @@ import WebSocket from 'ws';
 import { Notifier } from '../src/engines/postgres/notifier.js';
 import { silentLogger } from '../src/logger.js';
 import { startDemoDatabase, sleep, waitFor, type DemoDatabase } from './support/database.js';
-import { startTestApp, type TestApp } from './support/app.js';
+import { collect, startTestApp, type TestApp } from './support/app.js';
 import { startProxy } from './support/proxy.js';
 
 let db: DemoDatabase;
@@ -126,6 +126,30 @@ describe('executionEvents under a reconnect storm', () => {
       resumes += client.resumes;
     }
     assert.ok(resumes >= 20 * 5, `the clients resumed ${resumes} times`);
+  });
+});
+
+describe('a cursor the database never gave', () => {
+  it('is refused with CURSOR_AHEAD when it is ahead of the database (a failover that lost commits), never resumed from silently', async () => {
+    const now = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
+    const xmax = BigInt(now.split(':')[1]);
+    // what a cursor of the old primary looks like to a new one that lost its last commits
+    const ahead = `${xmax + 5000n}:${xmax + 5000n}:`;
+    // the stream ends with the error (graphql-ws's client throws it)
+    const refused = await collect(t.ws().iterate({ query: EVENTS, variables: { f: {}, after: ahead } }), 1, 20_000).then(
+      (results) => results,
+      (errors: unknown) => errors,
+    );
+    assert.equal((refused as any)?.[0]?.extensions?.code, 'CURSOR_AHEAD', JSON.stringify(refused));
+    // the cursor it was given is still good
+    const client = t.ws();
+    const iterator = client.iterate({ query: EVENTS, variables: { f: { procedure: 'demo.record' }, after: now } });
+    const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "after-ahead" } }) { execution { token } } }`);
+    const token = body.data.invoke.execution.token;
+    for await (const event of iterator as AsyncIterable<any>) {
+      assert.equal(event.errors, undefined, JSON.stringify(event.errors));
+      if (event.data.executionEvents.execution.token === token) break;
+    }
   });
 });
 
