@@ -85,6 +85,15 @@ export function useSharedEventExecution(): Plugin {
 
 /** Bytes a socket may hold unflushed before a send waits for the kernel to take them. */
 const WRITE_AHEAD = 256 * 1024;
+/**
+ * Time the sends of one turn of the event loop may take with their callbacks run at once; later
+ * sends of the turn wait for their write, so busy streams go on in the next turn. Every socket
+ * shares the slice: the feed's reads, the worker's round trips and the other sockets' writes get
+ * the event loop every SLICE_MS or so, instead of after a whole burst of a busy stream.
+ */
+const SLICE_MS = 10;
+/** When this turn's first send was made (-1: none yet). */
+let sliceStarted = -1;
 
 /**
  * The WebSocket class with coalesced writes. graphql-ws sends a subscription's next event only
@@ -105,6 +114,10 @@ export function coalescingWrites(Base: typeof WebSocket): typeof WebSocket {
       const options = (typeof optionsOrCallback === 'function' ? {} : (optionsOrCallback ?? {})) as object;
       const raw = (this as unknown as { _socket?: Socket })._socket;
       if (this.readyState !== this.OPEN || !raw) return super.send(data as Buffer, options, cb);
+      if (sliceStarted < 0) {
+        sliceStarted = performance.now();
+        setImmediate(() => (sliceStarted = -1));
+      }
       if (!this.corked) {
         this.corked = true;
         raw.cork();
@@ -113,7 +126,7 @@ export function coalescingWrites(Base: typeof WebSocket): typeof WebSocket {
           raw.uncork();
         });
       }
-      if (!cb || raw.writableLength >= WRITE_AHEAD) return super.send(data as Buffer, options, cb);
+      if (!cb || raw.writableLength >= WRITE_AHEAD || performance.now() - sliceStarted > SLICE_MS) return super.send(data as Buffer, options, cb);
       // a failed write closes the socket, and graphql-ws learns of it from 'close'
       super.send(data as Buffer, options, () => undefined);
       queueMicrotask(() => cb());
