@@ -104,6 +104,28 @@ describe('the change feed', () => {
     const { rows } = await sql.query(`select tgname from pg_trigger where tgrelid = 'asyncproc.executions'::regclass and not tgisinternal`);
     assert.ok(!rows.some((r) => r.tgname === 'executions_stamp_change'));
   });
+
+  it("this process's listeners hear its own commits at once, not when their NOTIFY comes back", async () => {
+    let heard = 0;
+    const listener = await engine.startListener({ onChange: () => heard++, onError: () => undefined });
+    try {
+      // quiet first: no notification of earlier work is still on its way
+      for (let seen = -1; seen !== heard; ) {
+        seen = heard;
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      }
+      heard = 0;
+      await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
+      // the continuation of the submit runs before any I/O: only the in-process path can have told the listener
+      assert.ok(heard >= 1, 'the listener was told before the NOTIFY could come back');
+      await listener.close();
+      const after = heard;
+      await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
+      assert.equal(heard, after, 'a closed listener is told nothing');
+    } finally {
+      await listener.close();
+    }
+  });
 });
 
 describe('the SQL interface for backend services', () => {

@@ -278,7 +278,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       logger: this.logger,
     });
     await listener.start();
-    return this.closeables.track(listener);
+    // events of this process's own transactions: read at once, not when their NOTIFY comes back
+    const heard = () => sink.onChange();
+    this.notifier.local.add(heard);
+    return this.closeables.track(listener, () => this.notifier.local.delete(heard));
   }
 
   async close(): Promise<void> {

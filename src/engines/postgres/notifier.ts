@@ -14,6 +14,8 @@ const MAX_PAYLOAD = 7000;
  * every completion hub also reads the change feed once a second. One that could not be
  * sent is sent again (other instances hear it at once rather than at their next read),
  * and a connection that stops answering is given up after a timeout, not waited on.
+ * Listeners of this process are told at once (`local`): they read the feed without waiting
+ * for the NOTIFY's round trip and its delivery back to them.
  */
 export class Notifier {
   private client: pg.Client | null = null;
@@ -22,6 +24,8 @@ export class Notifier {
   private wakes = new Set<string>();
   private sending = false;
   private closed = false;
+  /** This process's listeners: told of every event as it is queued (each then reads the feed). */
+  readonly local = new Set<() => void>();
 
   constructor(
     private readonly connectionString: string,
@@ -33,6 +37,7 @@ export class Notifier {
   event(executionId: string, seq: string, status: ExecutionStatus): void {
     this.events.push(`${executionId}:${seq}:${status}`);
     this.kick();
+    for (const heard of this.local) heard();
   }
 
   wake(queue: string): void {
