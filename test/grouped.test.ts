@@ -28,6 +28,9 @@ before(async () => {
     begin perform pg_sleep(seconds); end $$;
     create procedure grouped.autonomous(tag text) language plpgsql as $$
     begin insert into demo.ledger (tag) values (tag); commit; end $$;
+    create procedure grouped.report(percent numeric) language plpgsql as $$
+    begin perform asyncproc.progress(percent, 'grouped'); perform pg_sleep(0.3); end $$;
+    select asyncproc.register('grouped.report(numeric)');
     select asyncproc.register('grouped.record_then_fail(text)');
     select asyncproc.register('grouped.record_then_sleep(text, double precision)');
     select asyncproc.register('grouped.timed_sleep(double precision)', timeout_ms => 300);
@@ -250,6 +253,28 @@ describe('grouped commits', () => {
       const rows = await allEnded(tokens);
       assert.deepEqual(rows.map((r) => r.status), ['CANCELLED', 'SUCCEEDED', 'SUCCEEDED']);
       assert.deepEqual([await ledger('cf-1'), await ledger('cf-2'), await ledger('cf-3')], [0, 1, 1]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('progress reported by a call inside a group is kept for that call, not for the first one', async () => {
+    const { tokens, activator } = await serve('g_progress', 1, 100, 5000, [
+      ['grouped.report', { percent: 10 }],
+      ['grouped.report', { percent: 20 }],
+      ['grouped.report', { percent: 30 }],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.equal(new Set(rows.map((r) => r.xid)).size, 1, 'one group');
+      const progress = () =>
+        sql.query(
+          `select e.token, p.percent::int as percent from asyncproc.executions e
+             left join asyncproc.execution_progress p on p.execution_id = e.id where e.token = any($1::uuid[]) order by e.id`,
+          [tokens],
+        );
+      await waitFor(async () => (await progress()).rows.every((r) => r.percent !== null), 5000, 'each call its progress');
+      assert.deepEqual((await progress()).rows.map((r) => r.percent), [10, 20, 30]);
     } finally {
       await activator.close();
     }

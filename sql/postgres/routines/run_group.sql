@@ -44,7 +44,9 @@ begin
                           claimed.timeout_ms, claimed.transactional;
       exit;
     end if;
-    -- grouped: run() finds it RUNNING for this session (uncommitted, seen by no one else)
+    -- grouped: run() finds it RUNNING for this session (uncommitted, seen by no one else);
+    -- its progress reports name it (progress.sql), until the group's transaction ends
+    perform set_config('asyncproc.execution', claimed.id::text, true);
     select r.done_seq, r.done_status into ended from asyncproc.run(claimed.id, worker, null, row_cap) r;
     ran := ran + 1;
     if ended.done_seq is not null then
