@@ -11,6 +11,8 @@ export const CONCURRENCY = 10;
 export const GRAPHILE_BATCH = Number(process.env.BENCH_GRAPHILE_BATCH ?? 20);
 /** Calls at most per transaction in the grouped asyncproc drain (the queue's groupCommits.size); as many as a graphile-worker batch by default. */
 export const GROUP_SIZE = Number(process.env.BENCH_GROUP_SIZE ?? GRAPHILE_BATCH);
+/** The grouped drain's concurrency: the peer's by default (like for like); fewer slots cost the database less a call (docs/scaling.md). */
+export const GROUP_CONCURRENCY = Number(process.env.BENCH_GROUP_CONCURRENCY ?? CONCURRENCY);
 
 /** Calls of a queue not yet finished, read through the ready table and the index of running calls (no scan of the history). */
 export const active = (queue = 'default') =>
