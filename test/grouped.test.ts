@@ -84,6 +84,19 @@ const allEnded = (tokens: string[], timeoutMs = 30_000) =>
 
 const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
 
+/** Every call's tag has exactly one ledger row. */
+async function eachRecordedOnce(calls: Call[]): Promise<void> {
+  for (const [, args] of calls) assert.equal(await ledger(args.tag as string), 1, `${args.tag} has one ledger row`);
+}
+
+/** Two quick calls, a slow one (`seconds`), a quick one: a group is mid-way (3 calls in it) while the third runs. */
+const slowThird = (prefix: string, seconds: number): Call[] => [
+  ['demo.record', { tag: `${prefix}-1` }],
+  ['demo.record', { tag: `${prefix}-2` }],
+  ['grouped.record_then_sleep', { tag: `${prefix}-slow`, seconds }],
+  ['demo.record', { tag: `${prefix}-4` }],
+];
+
 /** Calls per ending transaction. */
 function groupSizes(rows: Ended[]): number[] {
   const sizes = new Map<string, number>();
@@ -162,7 +175,7 @@ describe('grouped commits', () => {
       await sql.query('select pg_terminate_backend($1)', [pid]);
       const rows = await allEnded(tokens, 60_000);
       assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.map((r) => r.status)));
-      for (const [, args] of calls) assert.equal(await ledger(args.tag as string), 1, `${args.tag} has one ledger row`);
+      await eachRecordedOnce(calls);
     } finally {
       await activator.close();
     }
@@ -218,12 +231,7 @@ describe('grouped commits', () => {
   });
 
   it('a cancel of a call sitting in an uncommitted group waits for the commit and finds it ended', async () => {
-    const calls: Call[] = [
-      ['demo.record', { tag: 'cg-1' }],
-      ['demo.record', { tag: 'cg-2' }],
-      ['grouped.record_then_sleep', { tag: 'cg-slow', seconds: 1.5 }],
-      ['demo.record', { tag: 'cg-4' }],
-    ];
+    const calls = slowThird('cg', 1.5);
     const { tokens, activator } = await serve('g_cancel', 1, 100, 5000, calls);
     try {
       await midGroup('g_cancel', 3);
@@ -233,7 +241,7 @@ describe('grouped commits', () => {
       const rows = await allEnded(tokens);
       assert.ok(rows.every((r) => r.status === 'SUCCEEDED'));
       assert.equal(new Set(rows.slice(0, 3).map((r) => r.xid)).size, 1, 'they committed as one group');
-      for (const [, args] of calls) assert.equal(await ledger(args.tag as string), 1);
+      await eachRecordedOnce(calls);
     } finally {
       await activator.close();
     }
@@ -281,19 +289,14 @@ describe('grouped commits', () => {
   });
 
   it('a cancel signal that reaches a group mid-way rolls all of it back: every call then runs exactly once', async () => {
-    const calls: Call[] = [
-      ['demo.record', { tag: 'cs-1' }],
-      ['demo.record', { tag: 'cs-2' }],
-      ['grouped.record_then_sleep', { tag: 'cs-slow', seconds: 2 }],
-      ['demo.record', { tag: 'cs-4' }],
-    ];
+    const calls = slowThird('cs', 2);
     const { tokens, activator } = await serve('g_signal', 1, 100, 5000, calls);
     try {
       const pid = await midGroup('g_signal', 3);
       await sql.query('select pg_cancel_backend($1)', [pid]);
       const rows = await allEnded(tokens);
       assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.map((r) => r.status)));
-      for (const [, args] of calls) assert.equal(await ledger(args.tag as string), 1, `${args.tag} has one ledger row`);
+      await eachRecordedOnce(calls);
       const { rows: first } = await sql.query('select recoveries from asyncproc.executions where token = $1', [tokens[0]]);
       assert.equal(first[0].recoveries, 1, 'the first call was started again (the others were never committed RUNNING)');
     } finally {
