@@ -9,23 +9,31 @@ import { DRAIN, measureDrain, percentile, query, waitDrained, withClient, type D
 export const CONCURRENCY = 10;
 /** Items per graphile-worker batch job (its payload is an array; the task settles each item). */
 export const GRAPHILE_BATCH = Number(process.env.BENCH_GRAPHILE_BATCH ?? 20);
+/** Calls at most per transaction in the grouped asyncproc drain (the queue's groupCommits.size); as many as a graphile-worker batch by default. */
+export const GROUP_SIZE = Number(process.env.BENCH_GROUP_SIZE ?? GRAPHILE_BATCH);
+/** The grouped drain's concurrency: the peer's by default (like for like); fewer slots cost the database less a call (docs/scaling.md). */
+export const GROUP_CONCURRENCY = Number(process.env.BENCH_GROUP_CONCURRENCY ?? CONCURRENCY);
 
 /** Calls of a queue not yet finished, read through the ready table and the index of running calls (no scan of the history). */
 export const active = (queue = 'default') =>
   `select (select count(*) from asyncproc.ready where queue = '${queue}')
         + (select count(*) from asyncproc.executions where queue = '${queue}' and status = 'RUNNING') as n`;
 
-export async function openEngine(url: string, concurrency = CONCURRENCY): Promise<PostgresEngine> {
+/** The engine on `url`, its default queue at `concurrency` with `groupSize` calls at most per transaction (1: one each). */
+export async function openEngine(url: string, concurrency = CONCURRENCY, groupSize = 1): Promise<PostgresEngine> {
   const engine = createPostgresEngine({ connectionString: url });
   await engine.migrate();
   await engine.installDemo();
-  await query(url, `select asyncproc.configure_queue('default', $1)`, [concurrency]);
+  await query(url, `select asyncproc.configure_queue('default', $1, $2)`, [concurrency, groupSize]);
   return engine;
 }
 
-/** One round: queue `calls` no-op calls, then run them with the worker pool at `concurrency`, serving the default queue only. */
-export async function drainAsyncproc(url: string, concurrency = CONCURRENCY, calls = DRAIN): Promise<Drain> {
-  const engine = await openEngine(url, concurrency);
+/**
+ * One round: queue `calls` no-op calls, then run them with the worker pool at `concurrency`, serving the default
+ * queue only; `groupSize` > 1: with grouped commits of that size (and the default groupCommits.maxMs).
+ */
+export async function drainAsyncproc(url: string, concurrency = CONCURRENCY, calls = DRAIN, groupSize = 1): Promise<Drain> {
+  const engine = await openEngine(url, concurrency, groupSize);
   await query(url, `select count(asyncproc.invoke('demo.noop')) from generate_series(1, $1)`, [calls]);
   await query(url, 'vacuum analyze');
   try {

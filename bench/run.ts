@@ -3,8 +3,9 @@
  * on the same server in the same run. Prints numbers; asserts nothing. Each measurement runs
  * BENCH_ROUNDS times (3); a figure is the median [min–max], a ratio the median of same-round ratios.
  *
- *   drain          DRAIN queued no-op calls at concurrency 10 — graphile-worker unbatched, and in its
- *                  batch-job mode (BENCH_GRAPHILE_BATCH items a job)
+ *   drain          DRAIN queued no-op calls at concurrency 10 — graphile-worker unbatched; and asyncproc with grouped
+ *                  commits (BENCH_GROUP_SIZE calls a commit, BENCH_GROUP_CONCURRENCY slots) — graphile-worker's batch-job
+ *                  mode (BENCH_GRAPHILE_BATCH items a job)
  *   concurrency    drain at concurrency 1, 10, 50, 100
  *   scale-out      drain by 1, 2 and 4 `worker` processes (the CLI, children of the bench), the database's CPU per call
  *   growth         drain and submit → start latency with BENCH_HISTORY finished executions in history,
@@ -29,7 +30,7 @@ import path from 'node:path';
 import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
 import { freePort } from '../test/support/database.js';
 import {
-  claimLatencies, CONCURRENCY, describeLatencies, drainAsyncproc, drainGraphileBatched, drainGraphileWorker, GRAPHILE_BATCH, graphileLatencies,
+  claimLatencies, CONCURRENCY, describeLatencies, drainAsyncproc, drainGraphileBatched, drainGraphileWorker, GRAPHILE_BATCH, graphileLatencies, GROUP_CONCURRENCY, GROUP_SIZE,
 } from './drains.js';
 import { CALLERS, completionLatencies, invokeRate, pgBossSendRate, startService } from './edge.js';
 import { describeFanout, runFanout, type FanoutRun } from './fanout.js';
@@ -85,20 +86,38 @@ type Part = (db: (name: string) => Promise<string>, targets: Target[]) => Promis
 const PARTS: Record<string, Part> = {
   drain: async (db, targets) => {
     // rounds alternate ours and theirs, so a noisy moment of the machine hits both
-    section(`drain: ${DRAIN} no-op calls, concurrency ${CONCURRENCY}; graphile-worker unbatched, and batched (${GRAPHILE_BATCH} items a job, rate and CPU per item)`);
-    const [ourUrl, peerUrl, batchedUrl] = [await db('bench_asyncproc'), await db('bench_graphile'), await db('bench_graphile_batched')];
+    section(
+      `drain: ${DRAIN} no-op calls, concurrency ${CONCURRENCY}; asyncproc one commit a call, and grouped (${GROUP_SIZE} calls at most a commit, concurrency ${GROUP_CONCURRENCY}); graphile-worker unbatched, and batched (${GRAPHILE_BATCH} items a job, rate and CPU per item)`,
+    );
+    const [ourUrl, groupedUrl, peerUrl, batchedUrl] = [
+      await db('bench_asyncproc'), await db('bench_asyncproc_grouped'), await db('bench_graphile'), await db('bench_graphile_batched'),
+    ];
     const drains = await rounds(
       'drain',
-      async () => ({ ours: await drainAsyncproc(ourUrl), peer: await drainGraphileWorker(peerUrl), batched: await drainGraphileBatched(batchedUrl) }),
-      (r) => `asyncproc ${describeDrains([r.ours])} | graphile-worker ${describeDrains([r.peer])} (${(r.ours.rate / r.peer.rate).toFixed(2)}×) | batched ${describeDrains([r.batched])} (${(r.ours.rate / r.batched.rate).toFixed(2)}×)`,
+      async () => ({
+        ours: await drainAsyncproc(ourUrl),
+        peer: await drainGraphileWorker(peerUrl),
+        grouped: await drainAsyncproc(groupedUrl, GROUP_CONCURRENCY, DRAIN, GROUP_SIZE),
+        batched: await drainGraphileBatched(batchedUrl),
+      }),
+      (r) =>
+        `asyncproc ${describeDrains([r.ours])} | graphile-worker ${describeDrains([r.peer])} (${(r.ours.rate / r.peer.rate).toFixed(2)}×) | ` +
+        `asyncproc grouped ${describeDrains([r.grouped])} | batched ${describeDrains([r.batched])} (${(r.grouped.rate / r.batched.rate).toFixed(2)}×)`,
     );
     const ours = drains.map((d) => d.ours);
-    console.log(`  asyncproc:               ${describeDrains(ours)}`);
-    console.log(`  graphile-worker:         ${describeDrains(drains.map((d) => d.peer))}`);
-    console.log(`  graphile-worker batched: ${describeDrains(drains.map((d) => d.batched))}`);
+    const grouped = drains.map((d) => d.grouped);
+    console.log(`  asyncproc:                          ${describeDrains(ours)}`);
+    console.log(`  graphile-worker:                    ${describeDrains(drains.map((d) => d.peer))}`);
+    console.log(`  asyncproc grouped (size ${String(GROUP_SIZE).padEnd(3)}):      ${describeDrains(grouped)}`);
+    console.log(`  graphile-worker batched:            ${describeDrains(drains.map((d) => d.batched))}`);
     targets.push(
       { target: `drain, concurrency ${CONCURRENCY}: ≥ 2.0× graphile-worker unbatched`, ours: `${spread(rates(ours))}/s`, peer: `${spread(rates(drains.map((d) => d.peer)))}/s`, ...ratioCell(ratios(rates(ours), rates(drains.map((d) => d.peer))), 2.0) },
-      { target: `grouped commits: ≥ 1.0× graphile-worker batched (ours unbatched: no grouped commits yet)`, ours: `${spread(rates(ours))}/s`, peer: `${spread(rates(drains.map((d) => d.batched)))}/s`, ...ratioCell(ratios(rates(ours), rates(drains.map((d) => d.batched))), 1.0) },
+      {
+        target: `grouped commits: ≥ 1.0× graphile-worker batched (asyncproc grouped, size ${GROUP_SIZE}, concurrency ${GROUP_CONCURRENCY})`,
+        ours: `${spread(rates(grouped))}/s`,
+        peer: `${spread(rates(drains.map((d) => d.batched)))}/s`,
+        ...ratioCell(ratios(rates(grouped), rates(drains.map((d) => d.batched))), 1.0),
+      },
     );
   },
   concurrency: async (db, targets) => {

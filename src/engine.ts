@@ -254,9 +254,22 @@ export interface NewApiKey {
   createdBy: string | null;
 }
 
+/**
+ * Grouped commits of a queue: a worker runs up to `size` short transactional calls in one
+ * transaction, each under its own savepoint, closing the group once `maxMs` have passed.
+ * size 1: one transaction per call.
+ */
+export interface GroupCommits {
+  /** Calls at most in one transaction (1–1000). @default 1 */
+  size: number;
+  /** No call joins a group begun longer ago than this (1–10000 ms). @default 50 */
+  maxMs: number;
+}
+
 export interface QueueInfo {
   name: string;
   concurrency: number;
+  groupCommits: GroupCommits;
   waiting: number;
   pending: number;
   running: number;
@@ -440,7 +453,9 @@ export type EngineErrorCode =
    * lost commits, a restored backup, another database's cursor). Nothing can be resumed from it:
    * subscribe without `after` and read the current state.
    */
-  | 'CURSOR_AHEAD';
+  | 'CURSOR_AHEAD'
+  /** The engine cannot honour the setting asked for (grouped commits on SQL Server); nothing was changed. */
+  | 'NOT_SUPPORTED';
 
 export class EngineError extends Error {
   constructor(
@@ -450,6 +465,19 @@ export class EngineError extends Error {
   ) {
     super(message, options);
     this.name = 'EngineError';
+  }
+}
+
+/** The grouping of a queue that says nothing: one transaction per call. */
+export const NO_GROUP_COMMITS: GroupCommits = { size: 1, maxMs: 50 };
+
+/** BAD_USER_INPUT unless each given field is in range (size 1–1000, maxMs 1–10000). */
+export function checkGroupCommits({ size, maxMs }: Partial<GroupCommits>): void {
+  if (size !== undefined && (!Number.isInteger(size) || size < 1 || size > 1000)) {
+    throw new EngineError('BAD_USER_INPUT', `groupCommits.size must be a whole number from 1 to 1000, not ${size}`);
+  }
+  if (maxMs !== undefined && (!Number.isInteger(maxMs) || maxMs < 1 || maxMs > 10_000)) {
+    throw new EngineError('BAD_USER_INPUT', `groupCommits.maxMs must be a whole number from 1 to 10000, not ${maxMs}`);
   }
 }
 
@@ -503,8 +531,12 @@ export interface Engine<Tx = unknown> {
   findApiKey(secretHash: string): Promise<ApiKey | null>;
   /** Every queue with its counts; `recent` covers executions that ended within the last `recentSeconds` (default 3600). */
   listQueues(recentSeconds?: number): Promise<QueueInfo[]>;
-  /** Create a named queue or change its concurrency limit (1–1000); BAD_USER_INPUT for a bad name or limit. */
-  configureQueue(name: string, concurrency: number): Promise<QueueInfo>;
+  /**
+   * Create a named queue or change its concurrency limit (1–1000) and, where given, its grouped
+   * commits (an omitted field keeps its value); BAD_USER_INPUT for a bad name, limit or grouping,
+   * NOT_SUPPORTED for a grouping the engine cannot honour. Nothing changes on either error.
+   */
+  configureQueue(name: string, concurrency: number, groupCommits?: Partial<GroupCommits>): Promise<QueueInfo>;
   /** Executions RUNNING now (optionally of one queue), longest-running first, with elapsed time by the database clock. */
   listRunning(queue: string | null, limit: number, submittedBy?: string | null): Promise<RunningExecution[]>;
   /**

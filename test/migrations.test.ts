@@ -21,6 +21,7 @@ const LANDED: Record<string, string> = {
   'postgres/0011_stamp_by_writers.sql': '3cda310f144ea0e6cd9ed0d17b2cacbdbd1c069f7832b481c398d086249c798f',
   'postgres/0012_settle_by_writers.sql': '19091b32f5be668bb36994f1e5d0c099e8917f121330b54a105c617de09ac74d',
   'postgres/0013_due_index.sql': '9491618e8ec0effa69937475df710c018ecdb36cb64c41341a0556492a1a9d3b',
+  'postgres/0014_grouped_commits.sql': 'b5de653b58771408b1fda27e6e072a5e73dead526e0522984101236b9d8d69ba',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',

@@ -521,6 +521,20 @@ describe('mssql: queues', () => {
     }
   });
 
+  it('refuses grouped commits (NOT_SUPPORTED) and bad groupings (BAD_USER_INPUT) before any request; size 1 is accepted', async () => {
+    const pool = { request: () => assert.fail('no request expected') } as unknown as sql.ConnectionPool;
+    const notSupported = (e: unknown) => e instanceof EngineError && e.code === 'NOT_SUPPORTED';
+    for (const size of [2, 20, 1000]) {
+      await assert.rejects(configureQueue(pool, 'reports', 2, { size }), notSupported, String(size));
+      await assert.rejects(configureQueue(pool, 'reports', 2, { size, maxMs: 10 }), notSupported, String(size));
+    }
+    for (const grouping of [{ size: 0 }, { size: 1.5 }, { size: 1001 }, { maxMs: 0 }, { maxMs: 10_001 }]) {
+      await assert.rejects(configureQueue(pool, 'reports', 2, grouping), badInput, JSON.stringify(grouping));
+    }
+    // size 1 (off) goes on to the server: here, to the pool that refuses every request
+    await assert.rejects(configureQueue(pool, 'reports', 2, { size: 1, maxMs: 10 }), /no request expected/);
+  });
+
   it('changes an existing queue with ALTER QUEUE … MAX_QUEUE_READERS and the registry row in one transaction', async () => {
     const batch = (await currentProcedures()).get('usp_AsyncExecCreateQueue')!;
     const code = codeOnly(batch.text);
@@ -1098,7 +1112,7 @@ describe('mssql: monitoring', () => {
       3600,
     );
     assert.deepEqual(info, {
-      name: 'default', concurrency: 10, waiting: 1, pending: 2, running: 3,
+      name: 'default', concurrency: 10, groupCommits: { size: 1, maxMs: 50 }, waiting: 1, pending: 2, running: 3,
       recent: { succeeded: 4, failed: 5, cancelled: 6 }, recentSeconds: 3600,
     });
   });

@@ -1,5 +1,5 @@
 import { checkRoles } from '../auth/apiKeys.js';
-import type { OutcomeCounts, Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
+import type { GroupCommits, OutcomeCounts, Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
 import { builder } from './builder.js';
 import { guard, requireAdmin, userError } from './errors.js';
 
@@ -61,11 +61,21 @@ const OutcomeCountsRef = builder.objectRef<OutcomeCounts>('OutcomeCounts').imple
   }),
 });
 
+const GroupCommitsRef = builder.objectRef<GroupCommits>('GroupCommits').implement({
+  description:
+    'Grouped commits: a worker runs up to `size` short calls in one transaction, each under its own savepoint (a failing call rolls back alone), and commits them together. size 1: one transaction per call.',
+  fields: (t) => ({
+    size: t.exposeInt('size', { description: 'Calls at most in one transaction (1–1000); 1: off.' }),
+    maxMs: t.exposeInt('maxMs', { description: 'No call joins a group begun longer ago than this (ms).' }),
+  }),
+});
+
 const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
   description: 'A named activation queue with its own concurrency limit.',
   fields: (t) => ({
     name: t.exposeString('name'),
     concurrency: t.exposeInt('concurrency'),
+    groupCommits: t.field({ type: GroupCommitsRef, resolve: (q) => q.groupCommits }),
     waiting: t.exposeInt('waiting'),
     pending: t.exposeInt('pending'),
     running: t.exposeInt('running'),
@@ -78,10 +88,23 @@ const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
   }),
 });
 
+const GroupCommitsInput = builder.inputType('GroupCommitsInput', {
+  fields: (t) => ({
+    size: t.int({ required: false, description: 'Calls at most in one transaction (1–1000); 1 turns grouping off. Omitted: unchanged. @default 1' }),
+    maxMs: t.int({ required: false, description: 'No call joins a group begun longer ago than this (1–10000 ms). Omitted: unchanged. @default 50' }),
+  }),
+});
+
 const ConfigureQueueInput = builder.inputType('ConfigureQueueInput', {
   fields: (t) => ({
     name: t.string({ required: true, description: '1–128 characters of A-Z a-z 0-9 _ . : -' }),
     concurrency: t.int({ required: true, description: 'Calls of this queue that may run at once, across all workers (1–1000).' }),
+    groupCommits: t.field({
+      type: GroupCommitsInput,
+      required: false,
+      description:
+        'Run several short transactional calls (no timeout, not in a batch) in one transaction. Off for a procedure that must commit alone. Omitted: unchanged. PostgreSQL only (NOT_SUPPORTED on SQL Server).',
+    }),
   }),
 });
 
@@ -92,12 +115,18 @@ const ConfigureQueuePayload = builder.objectRef<{ queue: QueueInfo }>('Configure
 builder.mutationFields((t) => ({
   configureQueue: t.field({
     type: ConfigureQueuePayload,
-    description: 'Create a named queue or change its concurrency limit.',
+    description: 'Create a named queue or change its concurrency limit and grouped commits.',
     args: { input: t.arg({ type: ConfigureQueueInput, required: true }) },
     resolve: (_root, { input }, { engine, principal }) =>
       guard(async () => {
         requireAdmin(principal, 'configureQueue');
-        return { queue: await engine.configureQueue(input.name, input.concurrency) };
+        const grouping = input.groupCommits;
+        return {
+          queue: await engine.configureQueue(input.name, input.concurrency, {
+            size: grouping?.size ?? undefined,
+            maxMs: grouping?.maxMs ?? undefined,
+          }),
+        };
       }),
   }),
   registerProcedure: t.field({

@@ -18,7 +18,10 @@ begin
   if level not in ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice') then
     perform set_config('client_min_messages', 'notice', true);
   end if;
-  raise notice 'asyncproc.progress %', jsonb_build_object('percent', percent, 'message', left(message, 200));
+  -- 'execution': set by run_group() for the calls of a grouped commit after its first, whose
+  -- worker cannot know which of them runs now; absent, the worker's own call is meant
+  raise notice 'asyncproc.progress %', jsonb_strip_nulls(jsonb_build_object('percent', percent, 'message', left(message, 200),
+    'execution', nullif(current_setting('asyncproc.execution', true), '')));
   if level not in ('debug5', 'debug4', 'debug3', 'debug2', 'debug1', 'log', 'notice') then
     perform set_config('client_min_messages', level, true);
   end if;

@@ -13,6 +13,7 @@ import {
   type ExecutionFilter,
   type ExecutionPage,
   type ExecutionProgress,
+  type GroupCommits,
   type InvokeCall,
   type ListenerSink,
   type NewApiKey,
@@ -262,8 +263,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return createQueue(this.pool, name, concurrency);
   }
   /** Create a queue or change its concurrency (1–1000); returns it as listQueues reports it. */
-  configureQueue(name: string, concurrency: number): Promise<QueueInfo> {
-    return configureQueue(this.pool, name, concurrency);
+  configureQueue(name: string, concurrency: number, groupCommits?: Partial<GroupCommits>): Promise<QueueInfo> {
+    return configureQueue(this.pool, name, concurrency, groupCommits);
   }
   /**
    * WAITING/PENDING → CANCELLED at once; RUNNING → FORBIDDEN unless allowKill, else the

@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { EngineError, type Procedure, type QueueInfo, type RegisterOptions } from '../../engine.js';
+import { checkGroupCommits, EngineError, NO_GROUP_COMMITS, type GroupCommits, type Procedure, type QueueInfo, type RegisterOptions } from '../../engine.js';
 import { checkRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { parameterMode } from './types.js';
@@ -178,6 +178,7 @@ export function toQueueInfo(row: QueueRow, recentSeconds: number): QueueInfo {
   return {
     name: row.name,
     concurrency: row.concurrency,
+    groupCommits: NO_GROUP_COMMITS,
     waiting: row.waiting,
     pending: row.pending,
     running: row.running,
@@ -221,7 +222,18 @@ export async function createQueue(pool: sql.ConnectionPool, name: string, concur
  * Create a queue or change its concurrency (MAX_QUEUE_READERS and the registry row, in
  * one transaction); returns the queue as listQueues reports it.
  */
-export async function configureQueue(pool: sql.ConnectionPool, name: string, concurrency: number): Promise<QueueInfo> {
+export async function configureQueue(
+  pool: sql.ConnectionPool,
+  name: string,
+  concurrency: number,
+  groupCommits: Partial<GroupCommits> = {},
+): Promise<QueueInfo> {
+  checkQueueSettings(name, concurrency);
+  checkGroupCommits(groupCommits);
+  // the activated procedure commits each call by itself (RECEIVE, run, outcome, SEND): see docs/mssql.md
+  if ((groupCommits.size ?? 1) > 1) {
+    throw new EngineError('NOT_SUPPORTED', 'grouped commits (groupCommits.size > 1) are not supported on SQL Server; each call commits alone');
+  }
   await createQueue(pool, name, concurrency);
   const [queue] = await listQueues(pool, RECENT_SECONDS, name);
   if (!queue) throw new EngineError('NOT_FOUND', `queue ${name} vanished after it was configured`);

@@ -17,6 +17,8 @@ import { fireDueSchedules } from './schedules.js';
  * live one is never started twice. A non-transactional call (registered with
  * transactional false) is sent by the slot at top level under that same lock and
  * recorded afterwards (asyncproc.conclude); lost with its worker, it ends FAILED.
+ * On a queue with grouped commits (group_size > 1) a slot runs short transactional calls
+ * several to a transaction (asyncproc.run_group), each under its own savepoint.
  */
 export interface PostgresActivatorOptions extends ActivatorOptions {
   connectionString: string;
@@ -79,12 +81,20 @@ class Doorbell {
   }
 }
 
+/** A queue's commit grouping: at most `size` calls in one transaction, begun within `maxMs`. */
+interface Grouping {
+  size: number;
+  maxMs: number;
+}
+
 class QueueWorkers {
   readonly doorbell = new Doorbell();
   private readonly slots = new Map<number, Promise<void>>();
   constructor(
     readonly name: string,
     public concurrency: number,
+    /** Read by each slot before each call, so a change applies from the next one. */
+    public grouping: Grouping,
     private readonly activator: PostgresActivator,
   ) {
     this.resize(concurrency);
@@ -177,9 +187,11 @@ class QueueWorkers {
       // before the statement that runs it (a round trip only when it differs from the last)
       await armTimeout(client, next.timeoutMs);
       client.executionId = next.id;
-      next = next.transactional
-        ? await this.runInTransaction(client, worker, next.id, next.timeoutMs, call)
-        : await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call);
+      next = !next.transactional
+        ? await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call)
+        : this.grouping.size > 1 && next.timeoutMs === 0
+          ? await this.runGroup(client, worker, next.id, call)
+          : await this.runInTransaction(client, worker, next.id, next.timeoutMs, call);
     }
     client.executionId = null;
   }
@@ -206,19 +218,61 @@ class QueueWorkers {
       ).rows[0];
       return this.ended(current, ran, call);
     } catch (error) {
-      if (isConnectionError(error)) throw error;
-      // The call escaped run()'s own error capture (cancelled statement, timeout): end it here.
-      const err = error as pg.DatabaseError;
-      const timedOut = isOwnTimeout(err, timeoutMs, started);
-      this.activator.options.logger.info({ ...call, code: err.code, timedOut, error: err.message }, 'execution stopped (cancelled or timed out)');
-      const done = (
-        await client.query<EndedRow>(
-          'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
-          [current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut],
-        )
-      ).rows[0];
-      return this.ended(current, done, call);
+      return this.abandon(client, current, error, timeoutMs, started, call);
     }
+  }
+
+  /**
+   * A grouped commit: asyncproc.run_group() runs this call and more of the queue in one
+   * transaction; after its commit, each call it ended is logged and notified here. A cancel or
+   * an error that escapes the calls' own capture rolls the whole group back: only this call was
+   * committed RUNNING, so only this one is abandoned (the others are PENDING again).
+   */
+  private async runGroup(client: SlotClient, worker: string, current: string, call: CallLog): Promise<Claimed> {
+    const started = Date.now();
+    let rows: GroupRow[];
+    try {
+      rows = (
+        await client.query<GroupRow>({
+          name: 'asyncproc-run-group',
+          text: 'select id, seq, status, token, procedure, timeout_ms, transactional from asyncproc.run_group($1, $2, $3, $4, $5, $6)',
+          values: [current, worker, this.nextQueue, this.grouping.size, this.grouping.maxMs, this.maxRows],
+        })
+      ).rows;
+    } catch (error) {
+      return this.abandon(client, current, error, 0, started, call);
+    }
+    const { logger } = this.activator.options;
+    let next: EndedRow = { done_seq: null, done_status: null, next_id: null };
+    for (const row of rows) {
+      if (row.status === 'RUNNING') {
+        next = { ...next, next_id: row.id, next_seq: row.seq, next_timeout_ms: row.timeout_ms, next_transactional: row.transactional, next_token: row.token, next_procedure: row.procedure };
+      } else if (row.id === current) {
+        this.ended(current, { done_seq: row.seq, done_status: row.status, next_id: null }, call);
+      } else {
+        // claimed, run and ended inside the group: its start is logged now, after the commit
+        const member = { ...call, token: row.token, procedure: row.procedure };
+        this.activator.claimed++;
+        logger.info({ ...member, grouped: current }, 'execution started');
+        this.ended(row.id, { done_seq: row.seq, done_status: row.status, next_id: null }, member);
+      }
+    }
+    return this.ended(current, next, call);
+  }
+
+  /** The call escaped run()'s own error capture (cancelled statement, timeout): end it here. */
+  private async abandon(client: SlotClient, current: string, error: unknown, timeoutMs: number, started: number, call: CallLog): Promise<Claimed> {
+    if (isConnectionError(error)) throw error;
+    const err = error as pg.DatabaseError;
+    const timedOut = isOwnTimeout(err, timeoutMs, started);
+    this.activator.options.logger.info({ ...call, code: err.code, timedOut, error: err.message }, 'execution stopped (cancelled or timed out)');
+    const done = (
+      await client.query<EndedRow>(
+        'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
+        [current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut],
+      )
+    ).rows[0];
+    return this.ended(current, done, call);
   }
 
   /**
@@ -358,6 +412,17 @@ interface Claimed {
   procedure: string | null;
 }
 
+/** A row of asyncproc.run_group(): a call it ended, or (status RUNNING) the next one it claimed. */
+interface GroupRow {
+  id: string;
+  seq: string;
+  status: ExecutionStatus;
+  token: string | null;
+  procedure: string | null;
+  timeout_ms: number | null;
+  transactional: boolean | null;
+}
+
 /** What run(), conclude() and abandon() report: the call they ended, the next one they claimed. */
 interface EndedRow {
   done_seq: string | null;
@@ -444,14 +509,18 @@ export class PostgresActivator implements Closeable {
   }
 
   private async refreshQueues(): Promise<void> {
-    const { rows } = await this.pool.query<{ name: string; concurrency: number }>(
-      'select name, concurrency from asyncproc.queues order by name',
+    const { rows } = await this.pool.query<{ name: string; concurrency: number; group_size: number; group_ms: number }>(
+      'select name, concurrency, group_size, group_ms from asyncproc.queues order by name',
     );
     for (const row of rows) {
       if (this.options.queues && !this.options.queues.includes(row.name)) continue;
+      const grouping = { size: row.group_size, maxMs: row.group_ms };
       const existing = this.queues.get(row.name);
-      if (!existing) this.queues.set(row.name, new QueueWorkers(row.name, row.concurrency, this));
-      else if (existing.concurrency !== row.concurrency) existing.resize(row.concurrency);
+      if (!existing) this.queues.set(row.name, new QueueWorkers(row.name, row.concurrency, grouping, this));
+      else {
+        existing.grouping = grouping;
+        if (existing.concurrency !== row.concurrency) existing.resize(row.concurrency);
+      }
     }
   }
 

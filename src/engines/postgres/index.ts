@@ -7,6 +7,7 @@ import type {
   Closeable,
   Engine,
   Execution,
+  GroupCommits,
   InvokeCall,
   ListenerSink,
   NewApiKey,
@@ -219,8 +220,8 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   listRunning(queue: string | null, limit: number, submittedBy?: string | null) {
     return listRunning(this.pool, queue, limit, submittedBy);
   }
-  configureQueue(name: string, concurrency: number) {
-    return configureQueue(this.pool, name, concurrency);
+  configureQueue(name: string, concurrency: number, groupCommits?: Partial<GroupCommits>) {
+    return configureQueue(this.pool, name, concurrency, groupCommits);
   }
   cancelExecution(token: string) {
     return cancelExecution(this.pool, token);

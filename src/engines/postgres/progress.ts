@@ -13,6 +13,8 @@ export type ProgressSource = pg.Client & { executionId?: string | null };
 interface Report {
   percent: number;
   message: string | null;
+  /** The call that reported, when its worker's connection runs several in one transaction (grouped commits). */
+  execution?: string;
 }
 
 /** One execution's reports: the time of the last write, the one in flight, the latest waiting. */
@@ -27,10 +29,12 @@ interface Channel {
 export function parseProgressNotice(text: string | undefined): Report | null {
   if (!text?.startsWith(PREFIX)) return null;
   try {
-    const value = JSON.parse(text.slice(PREFIX.length)) as { percent?: unknown; message?: unknown };
+    const value = JSON.parse(text.slice(PREFIX.length)) as { percent?: unknown; message?: unknown; execution?: unknown };
     const percent = Number(value.percent);
     if (!Number.isFinite(percent) || percent < 0 || percent > 100) return null;
-    return { percent, message: typeof value.message === 'string' ? value.message.slice(0, 200) : null };
+    const report: Report = { percent, message: typeof value.message === 'string' ? value.message.slice(0, 200) : null };
+    if (typeof value.execution === 'string' && /^\d+$/.test(value.execution)) report.execution = value.execution;
+    return report;
   } catch {
     return null;
   }
@@ -60,8 +64,8 @@ export class ProgressRelay {
   attach(client: ProgressSource): void {
     client.on('notice', (notice) => {
       const report = parseProgressNotice(notice.message);
-      const executionId = client.executionId;
-      if (report && executionId) this.report(executionId, report);
+      const executionId = report?.execution ?? client.executionId;
+      if (report && executionId) this.report(executionId, { percent: report.percent, message: report.message });
     });
   }
 

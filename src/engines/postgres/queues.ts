@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { EngineError, type QueueInfo, type RunningExecution } from '../../engine.js';
+import { checkGroupCommits, EngineError, type GroupCommits, type QueueInfo, type RunningExecution } from '../../engine.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
 export const DEFAULT_RECENT_SECONDS = 3600;
@@ -7,6 +7,8 @@ export const DEFAULT_RECENT_SECONDS = 3600;
 interface QueueRow {
   name: string;
   concurrency: number;
+  group_size: number;
+  group_ms: number;
   waiting: string;
   pending: string;
   running: string;
@@ -26,7 +28,7 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
          from asyncproc.executions e
         where e.finished_at > clock_timestamp() - $1 * interval '1 second' and ($2::text is null or e.queue = $2)
         group by e.queue)
-     select q.name, q.concurrency,
+     select q.name, q.concurrency, q.group_size, q.group_ms,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'WAITING') as waiting,
             (select count(*) from asyncproc.ready r where r.queue = q.name) as pending,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'RUNNING') as running,
@@ -39,6 +41,7 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
   return rows.map((r) => ({
     name: r.name,
     concurrency: r.concurrency,
+    groupCommits: { size: r.group_size, maxMs: r.group_ms },
     waiting: Number(r.waiting),
     pending: Number(r.pending),
     running: Number(r.running),
@@ -47,13 +50,14 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
   }));
 }
 
-/** Create a queue or change its limit; the database's checks refuse a bad name or limit. */
-export async function configureQueue(pool: pg.Pool, name: string, concurrency: number): Promise<QueueInfo> {
+/** Create a queue or change its limit and grouping; the database's checks refuse a bad name. */
+export async function configureQueue(pool: pg.Pool, name: string, concurrency: number, groupCommits: Partial<GroupCommits> = {}): Promise<QueueInfo> {
   if (!Number.isInteger(concurrency) || concurrency < 1 || concurrency > 1000) {
     throw new EngineError('BAD_USER_INPUT', `concurrency must be a whole number from 1 to 1000, not ${concurrency}`);
   }
+  checkGroupCommits(groupCommits);
   try {
-    await pool.query('select asyncproc.configure_queue($1, $2)', [name, concurrency]);
+    await pool.query('select asyncproc.configure_queue($1, $2, $3, $4)', [name, concurrency, groupCommits.size ?? null, groupCommits.maxMs ?? null]);
   } catch (error) {
     if ((error as { code?: string }).code === '23514') {
       throw new EngineError('BAD_USER_INPUT', `bad queue name "${name}": 1–128 characters of A-Z a-z 0-9 _ . : -`, { cause: error });

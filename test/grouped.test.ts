@@ -1,0 +1,344 @@
+/**
+ * Grouped commits (a queue's groupCommits.size > 1): several short calls in one transaction,
+ * each under its own savepoint. Which calls shared a transaction is read from the xid that
+ * ended each of them (asyncproc.executions.xid, stamped by finish()).
+ */
+import assert from 'node:assert/strict';
+import { after, before, describe, it } from 'node:test';
+import type pg from 'pg';
+import type { Closeable } from '../src/engine.js';
+import { EngineError } from '../src/engine.js';
+import type { PostgresEngine } from '../src/engines/postgres/index.js';
+import { startTestApp, type TestApp } from './support/app.js';
+import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+
+let cluster: TestCluster;
+let url: string;
+let engine: PostgresEngine;
+let sql: pg.Client;
+
+before(async () => {
+  ({ cluster, url, engine, sql } = await startDemoDatabase());
+  await sql.query(`create schema grouped;
+    create procedure grouped.record_then_fail(tag text) language plpgsql as $$
+    begin insert into demo.ledger (tag) values (tag); raise exception 'failed on purpose: %', tag; end $$;
+    create procedure grouped.record_then_sleep(tag text, seconds double precision) language plpgsql as $$
+    begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+    create procedure grouped.timed_sleep(seconds double precision) language plpgsql as $$
+    begin perform pg_sleep(seconds); end $$;
+    create procedure grouped.autonomous(tag text) language plpgsql as $$
+    begin insert into demo.ledger (tag) values (tag); commit; end $$;
+    create procedure grouped.report(percent numeric) language plpgsql as $$
+    begin perform asyncproc.progress(percent, 'grouped'); perform pg_sleep(0.3); end $$;
+    select asyncproc.register('grouped.report(numeric)');
+    select asyncproc.register('grouped.record_then_fail(text)');
+    select asyncproc.register('grouped.record_then_sleep(text, double precision)');
+    select asyncproc.register('grouped.timed_sleep(double precision)', timeout_ms => 300);
+    select asyncproc.register('grouped.autonomous(text)', transactional => false);`);
+});
+after(async () => {
+  await sql?.end();
+  await engine?.close();
+  await cluster?.stop();
+});
+
+type Call = [procedure: string, args: Record<string, unknown>];
+
+/** Submit `calls` to `queue` in one transaction (so all are ready at once), in order. */
+async function submit(queue: string, calls: Call[]): Promise<string[]> {
+  await sql.query('begin');
+  try {
+    const tokens: string[] = [];
+    for (const [procedure, args] of calls) {
+      tokens.push((await sql.query('select asyncproc.invoke($1, $2::jsonb, $3) as token', [procedure, JSON.stringify(args), queue])).rows[0].token);
+    }
+    await sql.query('commit');
+    return tokens;
+  } catch (error) {
+    await sql.query('rollback');
+    throw error;
+  }
+}
+
+interface Ended {
+  token: string;
+  status: string;
+  xid: string;
+  attempts: number;
+  error_message: string | null;
+}
+
+/** Every call's end, in submission order, once all have ended. */
+const allEnded = (tokens: string[], timeoutMs = 30_000) =>
+  waitFor(
+    async () => {
+      const { rows } = await sql.query<Ended>(
+        `select token, status, xid::text as xid, attempts, error_message from asyncproc.executions where token = any($1::uuid[]) order by id`,
+        [tokens],
+      );
+      return rows.length === tokens.length && rows.every((r) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(r.status)) ? rows : null;
+    },
+    timeoutMs,
+    'every call to end',
+  );
+
+const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
+
+/** Every call's tag has exactly one ledger row. */
+async function eachRecordedOnce(calls: Call[]): Promise<void> {
+  for (const [, args] of calls) assert.equal(await ledger(args.tag as string), 1, `${args.tag} has one ledger row`);
+}
+
+/** Two quick calls, a slow one (`seconds`), a quick one: a group is mid-way (3 calls in it) while the third runs. */
+const slowThird = (prefix: string, seconds: number): Call[] => [
+  ['demo.record', { tag: `${prefix}-1` }],
+  ['demo.record', { tag: `${prefix}-2` }],
+  ['grouped.record_then_sleep', { tag: `${prefix}-slow`, seconds }],
+  ['demo.record', { tag: `${prefix}-4` }],
+];
+
+/** Calls per ending transaction. */
+function groupSizes(rows: Ended[]): number[] {
+  const sizes = new Map<string, number>();
+  for (const r of rows) sizes.set(r.xid, (sizes.get(r.xid) ?? 0) + 1);
+  return [...sizes.values()];
+}
+
+/** Submit `calls` to a new queue with that grouping, then start a worker for it (so every call is ready at its first claim). */
+async function serve(queue: string, concurrency: number, size: number, maxMs: number, calls: Call[]): Promise<{ tokens: string[]; activator: Closeable }> {
+  await engine.configureQueue(queue, concurrency, { size, maxMs });
+  const tokens = await submit(queue, calls);
+  return { tokens, activator: await engine.startActivator({ workerId: `grouped-${queue}`, queues: [queue] }) };
+}
+
+/** The backend of the queue's (only) worker slot, once it holds the locks of at least `calls` calls: mid-group. */
+const midGroup = (queue: string, calls: number) =>
+  waitFor(
+    async () => {
+      const { rows } = await sql.query<{ pid: number; locks: string }>(
+        `select a.pid, (select count(*) from pg_locks l where l.pid = a.pid and l.locktype = 'advisory' and l.objsubid = 2) as locks
+           from pg_stat_activity a where a.application_name like $1`,
+        [`asyncproc worker %/${queue}#0`],
+      );
+      return rows.find((r) => Number(r.locks) >= calls)?.pid ?? null;
+    },
+    15_000,
+    `a group of ${calls} calls in flight`,
+  );
+
+describe('grouped commits', () => {
+  it('a grouped queue drains every call once, in fewer transactions than calls', async () => {
+    const n = 200;
+    const { tokens, activator } = await serve('g_drain', 2, 20, 1000, Array.from({ length: n }, (_, i): Call => ['demo.record', { tag: `drain-${i}` }]));
+    try {
+      const rows = await allEnded(tokens);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED' && r.attempts === 1));
+      const { rows: counts } = await sql.query(`select count(*)::int as n, count(distinct tag)::int as tags from demo.ledger where tag like 'drain-%'`);
+      assert.deepEqual(counts[0], { n, tags: n }, 'one ledger row per call');
+      const sizes = groupSizes(rows);
+      assert.ok(sizes.length <= n / 4, `${n} calls ended in ${sizes.length} transactions`);
+      assert.ok(Math.max(...sizes) <= 20);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a failing call of a group rolls back alone and ends FAILED; the others keep their writes', async () => {
+    const { tokens, activator } = await serve('g_fail', 1, 10, 2000, [
+      ['demo.record', { tag: 'gf-1' }],
+      ['grouped.record_then_fail', { tag: 'gf-2' }],
+      ['demo.record', { tag: 'gf-3' }],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.deepEqual(rows.map((r) => r.status), ['SUCCEEDED', 'FAILED', 'SUCCEEDED']);
+      assert.equal(rows[1].error_message, 'failed on purpose: gf-2');
+      assert.equal(new Set(rows.map((r) => r.xid)).size, 1, 'the three committed together');
+      assert.deepEqual([await ledger('gf-1'), await ledger('gf-2'), await ledger('gf-3')], [1, 0, 1]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it("a worker's backend killed mid-group: the whole group is undone and every call runs again exactly once", async () => {
+    const calls: Call[] = [
+      ...Array.from({ length: 10 }, (_, i): Call => ['demo.record', { tag: `crash-${i}` }]),
+      ['grouped.record_then_sleep', { tag: 'crash-slow', seconds: 3 }],
+      ...Array.from({ length: 5 }, (_, i): Call => ['demo.record', { tag: `crash-${10 + i}` }]),
+    ];
+    const { tokens, activator } = await serve('g_crash', 1, 100, 5000, calls);
+    try {
+      const pid = await midGroup('g_crash', 11);
+      // nothing of the group is committed yet: the first call RUNNING, the rest PENDING
+      const { rows: before } = await sql.query(`select status, count(*)::int as n from asyncproc.executions where queue = 'g_crash' group by status order by status`);
+      assert.deepEqual(before, [{ status: 'PENDING', n: 15 }, { status: 'RUNNING', n: 1 }]);
+      await sql.query('select pg_terminate_backend($1)', [pid]);
+      const rows = await allEnded(tokens, 60_000);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.map((r) => r.status)));
+      await eachRecordedOnce(calls);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a group never exceeds its size', async () => {
+    const { tokens, activator } = await serve('g_size', 1, 3, 5000, Array.from({ length: 12 }, (): Call => ['demo.noop', {}]));
+    try {
+      const sizes = groupSizes(await allEnded(tokens));
+      assert.equal(Math.max(...sizes), 3, `groups of ${sizes.join(', ')}`);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a slow call closes its group by time', async () => {
+    const { tokens, activator } = await serve('g_slow', 1, 100, 100, [
+      ['demo.noop', {}],
+      ['demo.sleep', { seconds: 0.5 }],
+      ['demo.noop', {}],
+      ['demo.noop', {}],
+      ['demo.noop', {}],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'));
+      assert.equal(rows[0].xid, rows[1].xid, 'the slow call joined the group begun before it');
+      assert.ok(rows.slice(2).every((r) => r.xid !== rows[1].xid), 'no call joined after it');
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a call with a timeout or a non-transactional one runs alone, with its own semantics', async () => {
+    const { tokens, activator } = await serve('g_alone', 1, 100, 5000, [
+      ['demo.record', { tag: 'alone-1' }],
+      ['grouped.timed_sleep', { seconds: 2 }],
+      ['demo.record', { tag: 'alone-3' }],
+      ['grouped.autonomous', { tag: 'alone-4' }],
+      ['demo.record', { tag: 'alone-5' }],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.deepEqual(rows.map((r) => r.status), ['SUCCEEDED', 'FAILED', 'SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']);
+      assert.match(rows[1].error_message!, /timeout 300 ms/);
+      for (const alone of [1, 3]) {
+        assert.equal(rows.filter((r) => r.xid === rows[alone].xid).length, 1, `call ${alone + 1} committed alone`);
+      }
+      assert.deepEqual([await ledger('alone-1'), await ledger('alone-3'), await ledger('alone-4'), await ledger('alone-5')], [1, 1, 1, 1]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a cancel of a call sitting in an uncommitted group waits for the commit and finds it ended', async () => {
+    const calls = slowThird('cg', 1.5);
+    const { tokens, activator } = await serve('g_cancel', 1, 100, 5000, calls);
+    try {
+      await midGroup('g_cancel', 3);
+      const asked = Date.now();
+      await assert.rejects(engine.cancelExecution(tokens[1]), (e: unknown) => e instanceof EngineError && e.code === 'ALREADY_FINISHED');
+      assert.ok(Date.now() - asked < 10_000, 'the cancel did not hang');
+      const rows = await allEnded(tokens);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'));
+      assert.equal(new Set(rows.slice(0, 3).map((r) => r.xid)).size, 1, 'they committed as one group');
+      await eachRecordedOnce(calls);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it("a cancel of a group's first call while it runs: it ends CANCELLED, its writes undone, the others run once", async () => {
+    const calls: Call[] = [
+      ['grouped.record_then_sleep', { tag: 'cf-1', seconds: 5 }],
+      ['demo.record', { tag: 'cf-2' }],
+      ['demo.record', { tag: 'cf-3' }],
+    ];
+    const { tokens, activator } = await serve('g_cancel_first', 1, 100, 5000, calls);
+    try {
+      await waitFor(async () => (await engine.getExecution(tokens[0]))!.status === 'RUNNING', 10_000, 'the first call running');
+      await sleep(300);
+      assert.equal((await engine.cancelExecution(tokens[0])).status, 'CANCELLED');
+      const rows = await allEnded(tokens);
+      assert.deepEqual(rows.map((r) => r.status), ['CANCELLED', 'SUCCEEDED', 'SUCCEEDED']);
+      assert.deepEqual([await ledger('cf-1'), await ledger('cf-2'), await ledger('cf-3')], [0, 1, 1]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('progress reported by a call inside a group is kept for that call, not for the first one', async () => {
+    const { tokens, activator } = await serve('g_progress', 1, 100, 5000, [
+      ['grouped.report', { percent: 10 }],
+      ['grouped.report', { percent: 20 }],
+      ['grouped.report', { percent: 30 }],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.equal(new Set(rows.map((r) => r.xid)).size, 1, 'one group');
+      const progress = () =>
+        sql.query(
+          `select e.token, p.percent::int as percent from asyncproc.executions e
+             left join asyncproc.execution_progress p on p.execution_id = e.id where e.token = any($1::uuid[]) order by e.id`,
+          [tokens],
+        );
+      await waitFor(async () => (await progress()).rows.every((r) => r.percent !== null), 5000, 'each call its progress');
+      assert.deepEqual((await progress()).rows.map((r) => r.percent), [10, 20, 30]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a cancel signal that reaches a group mid-way rolls all of it back: every call then runs exactly once', async () => {
+    const calls = slowThird('cs', 2);
+    const { tokens, activator } = await serve('g_signal', 1, 100, 5000, calls);
+    try {
+      const pid = await midGroup('g_signal', 3);
+      await sql.query('select pg_cancel_backend($1)', [pid]);
+      const rows = await allEnded(tokens);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows.map((r) => r.status)));
+      await eachRecordedOnce(calls);
+      const { rows: first } = await sql.query('select recoveries from asyncproc.executions where token = $1', [tokens[0]]);
+      assert.equal(first[0].recoveries, 1, 'the first call was started again (the others were never committed RUNNING)');
+    } finally {
+      await activator.close();
+    }
+  });
+});
+
+describe('groupCommits over GraphQL', () => {
+  let t: TestApp;
+  before(async () => {
+    t = await startTestApp(url);
+  });
+  after(async () => {
+    await t?.stop();
+  });
+
+  const configure = (input: Record<string, unknown>) =>
+    t.gql(`mutation($i: ConfigureQueueInput!) { configureQueue(input: $i) { queue { name concurrency groupCommits { size maxMs } } } }`, { i: input });
+
+  it('configureQueue sets and keeps it; bad values are BAD_USER_INPUT and change nothing; workers pick it up', async () => {
+    const created = await configure({ name: 'g_api', concurrency: 1 });
+    assert.deepEqual(created.body.data.configureQueue.queue.groupCommits, { size: 1, maxMs: 50 }, 'off by default');
+    const set = await configure({ name: 'g_api', concurrency: 1, groupCommits: { size: 8, maxMs: 2000 } });
+    assert.deepEqual(set.body.data.configureQueue.queue.groupCommits, { size: 8, maxMs: 2000 });
+    const kept = await configure({ name: 'g_api', concurrency: 2 });
+    assert.deepEqual(kept.body.data.configureQueue.queue, { name: 'g_api', concurrency: 2, groupCommits: { size: 8, maxMs: 2000 } });
+    for (const bad of [{ size: 0 }, { size: 1001 }, { maxMs: 0 }, { maxMs: 10_001 }]) {
+      const { status, body } = await configure({ name: 'g_api', concurrency: 3, groupCommits: bad });
+      assert.equal(status, 200);
+      assert.equal(body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(bad));
+    }
+    const listed = await t.gql(`{ queues { name concurrency groupCommits { size maxMs } } }`);
+    assert.deepEqual(
+      listed.body.data.queues.find((q: { name: string }) => q.name === 'g_api'),
+      { name: 'g_api', concurrency: 2, groupCommits: { size: 8, maxMs: 2000 } },
+      'nothing changed',
+    );
+    // the service's own workers run the queue grouped now
+    await sleep(300);
+    const tokens = await submit('g_api', Array.from({ length: 16 }, (): Call => ['demo.noop', {}]));
+    const sizes = groupSizes(await allEnded(tokens));
+    assert.ok(Math.max(...sizes) > 1 && Math.max(...sizes) <= 8, `groups of ${sizes.join(', ')}`);
+  });
+});
