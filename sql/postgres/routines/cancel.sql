@@ -31,7 +31,7 @@ begin
     return;
   end if;
   update asyncproc.executions e set cancel_requested = true
-   where e.id = target.id and e.status = 'RUNNING'
+   where e.id = target.id and (e.status = 'RUNNING') is true
   returning e.backend_pid into cancel.backend_pid;
   outcome := case when found then 'RUNNING' else 'FINISHED' end;
   -- Signal only the recorded worker, and only while it holds the call's lock: a dead

@@ -24,7 +24,7 @@ begin
   if pg_try_advisory_xact_lock(key.key1, key.key2) then
     select e.cancel_requested, e.batch_id into call
       from asyncproc.executions e
-     where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
+     where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid()
        for update;
     if not found then
       null;

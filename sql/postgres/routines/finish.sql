@@ -11,6 +11,9 @@ language plpgsql as $$
 declare
   ended_batch uuid;
 begin
+  -- by its key: `(status = 'RUNNING') is true` is not a condition the planner proves the partial
+  -- index executions_active from, so it cannot prefer a walk of every RUNNING entry (each call's
+  -- RUNNING version stays in that index until vacuumed: the walk grows with the drain)
   update asyncproc.executions e
      set status = case
                     when succeeded then 'SUCCEEDED'
@@ -24,7 +27,7 @@ begin
          result = case when succeeded then outcome else null end,
          error_number = err_number, error_message = err_message, error_detail = err_detail, error_context = err_context,
          seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
-   where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid()
+   where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid()
   returning e.seq, e.status, e.batch_id into finish.done_seq, finish.done_status, ended_batch;
   if ended_batch is not null and finish.done_status in ('SUCCEEDED', 'FAILED') then
     perform asyncproc.settle_batch(ended_batch);

@@ -20,7 +20,7 @@ begin
   select e.arguments, r.proc, e.cancel_requested into call
     from asyncproc.executions e
     join asyncproc.procedures r on r.name = e.procedure
-   where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
+   where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid();
   if not found then
     return;
   end if;

@@ -24,7 +24,7 @@ begin
     -- re-read under the row lock: the outcome may have committed since the loop's snapshot
     select e.id, e.token, e.procedure, e.queue, e.recoveries, e.cancel_requested, e.transactional, e.batch_id into lost
       from asyncproc.executions e
-     where e.id = candidate.id and e.status = 'RUNNING'
+     where e.id = candidate.id and (e.status = 'RUNNING') is true
        for update skip locked;
     continue when not found;
     if lost.cancel_requested then

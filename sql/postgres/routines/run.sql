@@ -25,11 +25,14 @@ begin
   -- and a procedure calling pg_advisory_unlock_all() cannot drop it. Not granted: another
   -- session runs the call (this one lost its lock), so this one must not touch it.
   if pg_try_advisory_xact_lock(key.key1, key.key2) then
+    -- by its key: `(status = 'RUNNING') is true` is not a condition the planner proves the partial
+    -- index executions_active from, so it cannot prefer a walk of every RUNNING entry (each call's
+    -- RUNNING version stays in that index until vacuumed: the walk grows with the drain)
     select e.arguments, r.proc, e.cancel_requested
       into call
       from asyncproc.executions e
       join asyncproc.procedures r on r.name = e.procedure
-     where e.id = execution_id and e.status = 'RUNNING' and e.backend_pid = pg_backend_pid();
+     where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid();
 
     -- cancelled between its claim's commit and this statement: pg_cancel_backend found this
     -- session idle and cancelled nothing, so the request is honoured here, before the call

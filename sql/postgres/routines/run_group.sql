@@ -39,7 +39,8 @@ begin
       from asyncproc.claim(next_queue, worker) c;
     exit when claimed.id is null;
     if ran >= max_count or clock_timestamp() >= deadline or not claimed.transactional or claimed.timeout_ms <> 0
-       or exists (select 1 from asyncproc.executions e where e.id = claimed.id and e.batch_id is not null) then
+       -- by its key (a condition on batch_id would let the planner walk the partial index of batch members)
+       or (select e.batch_id from asyncproc.executions e where e.id = claimed.id) is not null then
       return query select claimed.id, claimed.seq, 'RUNNING'::text, claimed.token, claimed.procedure,
                           claimed.timeout_ms, claimed.transactional;
       exit;
