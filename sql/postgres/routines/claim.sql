@@ -4,9 +4,12 @@
 -- before the statement that runs the call, and how the call runs: transactional (inside
 -- run()) or not (sent at top level by the worker; the claim records that mode on the call for
 -- recover). The caller notifies (id:seq:RUNNING) after commit.
+-- after_id: only calls past it (a group's next claim starts past its last one: the ready rows
+-- that other groups hold deleted but uncommitted lie below, and skipping each costs a visit).
 drop function if exists asyncproc.claim(text, text);
+drop function if exists asyncproc.claim(text, text, bigint);
 create or replace function asyncproc.claim(
-  queue_name text, worker text, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean,
+  queue_name text, worker text, after_id bigint default 0, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean,
   out token uuid, out procedure text   -- for the worker's log lines (grep a token, read its story)
 )
 language plpgsql as $$
@@ -16,7 +19,7 @@ begin
   loop
     delete from asyncproc.ready r
      where r.queue = queue_name
-       and r.id = (select x.id from asyncproc.ready x where x.queue = queue_name
+       and r.id = (select x.id from asyncproc.ready x where x.queue = queue_name and x.id > after_id
                     order by x.id limit 1 for update skip locked)
     returning r.id into ready_id;
     exit when ready_id is null;

@@ -27,6 +27,7 @@ declare
   deadline timestamptz := clock_timestamp() + max_ms * interval '1 millisecond';
   ran      integer := 1;
   claimed  record;
+  past     bigint := execution_id;   -- claims start past the group's last call (see claim())
   ended    record;
 begin
   select r.done_seq, r.done_status into ended from asyncproc.run(execution_id, worker, null, row_cap) r;
@@ -36,8 +37,14 @@ begin
   loop
     exit when next_queue is null;
     select c.id, c.seq, c.timeout_ms, c.transactional, c.token, c.procedure into claimed
-      from asyncproc.claim(next_queue, worker) c;
+      from asyncproc.claim(next_queue, worker, past) c;
+    if claimed.id is null and past > 0 then
+      -- nothing past it: once more from the start (a retry released meanwhile has an older id)
+      past := 0;
+      continue;
+    end if;
     exit when claimed.id is null;
+    past := claimed.id;
     if ran >= max_count or clock_timestamp() >= deadline or not claimed.transactional or claimed.timeout_ms <> 0
        -- by its key (a condition on batch_id would let the planner walk the partial index of batch members)
        or (select e.batch_id from asyncproc.executions e where e.id = claimed.id) is not null then
