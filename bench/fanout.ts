@@ -14,6 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { setFlagsFromString, writeHeapSnapshot } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import pg from 'pg';
 import { startApp } from '../src/app.js';
 import { loadConfig } from '../src/config.js';
@@ -51,8 +53,13 @@ export interface WatcherRun {
   maxMs: number;
   /** Watchers that never heard their call end. */
   missing: number;
-  /** The service's resident memory growth while the watchers subscribed, per watcher (bytes; the service runs in the bench's process). */
+  /**
+   * The service's resident memory growth while the watchers subscribed, per watcher (bytes; the service runs in
+   * the bench's process), each side measured after a full garbage collection.
+   */
   bytesPerWatcher: number;
+  /** The same growth by part, per watcher (bytes): V8's heap in use, memory outside it held by JS objects, ArrayBuffers of it. */
+  breakdown?: { heapUsed: number; external: number; arrayBuffers: number };
   errors: string[];
 }
 
@@ -100,14 +107,26 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       const data = await gql('mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }', { i: inputs });
       tokens.push(...data.invokeMany.executions.map((e: { token: string }) => e.token));
     }
-    const rssBefore = process.memoryUsage().rss;
+    const before = await settledMemory();
     const watching = runAt ? watch(endpoint, tokens.slice(0, watchers)) : null;
     let bytesPerWatcher = NaN;
+    let breakdown: WatcherRun['breakdown'];
     if (watching) {
       await waitForSubscribers(app.hub!, subscribers + watchers, 120_000);
       // the service runs in this process: what its memory grew by while the watchers came in (alone only:
       // event subscribers' traffic makes the difference noise)
-      if (subscribers === 0) bytesPerWatcher = (process.memoryUsage().rss - rssBefore) / watchers;
+      if (subscribers === 0) {
+        // the last sockets' connection_ack and subscribe have been answered: let their garbage go too
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        const after = await settledMemory();
+        bytesPerWatcher = (after.rss - before.rss) / watchers;
+        breakdown = {
+          heapUsed: (after.heapUsed - before.heapUsed) / watchers,
+          external: (after.external - before.external) / watchers,
+          arrayBuffers: (after.arrayBuffers - before.arrayBuffers) / watchers,
+        };
+        if (process.env.BENCH_HEAP_SNAPSHOT) console.log(`heap snapshot: ${writeHeapSnapshot(process.env.BENCH_HEAP_SNAPSHOT)}`);
+      }
       const release = new pg.Client({ connectionString: databaseUrl });
       await release.connect();
       await release.query(`update asyncproc.executions set run_at = clock_timestamp() where token = any($1::uuid[])`, [tokens]);
@@ -140,7 +159,7 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       missing: results.reduce((sum, r) => sum + r.missing, 0),
       repeats: results.reduce((sum, r) => sum + r.repeats, 0),
       errors: results.flatMap((r) => r.errors).slice(0, 5),
-      ...(watched ? { watchers: { ...watcherRun(watched, finishedAt), bytesPerWatcher } } : {}),
+      ...(watched ? { watchers: { ...watcherRun(watched, finishedAt), bytesPerWatcher, breakdown } } : {}),
     };
   } finally {
     await app.stop();
@@ -167,6 +186,21 @@ function watcherRun(watched: { arrivals: Record<string, number>; errors: string[
   return { count: watched.count, p50Ms: at(0.5), p99Ms: at(0.99), maxMs: delays.at(-1) ?? NaN, missing: watched.count - delays.length, errors: watched.errors, bytesPerWatcher: NaN };
 }
 
+/** Garbage collection, whether or not node runs with --expose-gc. */
+const collect: () => void = (() => {
+  setFlagsFromString('--expose-gc');
+  return runInNewContext('gc') as () => void;
+})();
+
+/** process.memoryUsage() after full collections, so what is counted is what is held, not garbage not yet collected. */
+async function settledMemory(): Promise<NodeJS.MemoryUsage> {
+  for (let i = 0; i < 3; i++) {
+    collect();
+    await new Promise((resolve) => setImmediate(resolve));
+  }
+  return process.memoryUsage();
+}
+
 async function waitForSubscribers(hub: { size: number }, n: number, timeoutMs = 60_000): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (hub.size < n) {
@@ -175,6 +209,8 @@ async function waitForSubscribers(hub: { size: number }, n: number, timeoutMs = 
   }
 }
 
+const kb = (bytes: number) => `${(bytes / 1024).toFixed(1)} KB`;
+
 export const describeFanout = (r: FanoutRun) =>
   `${r.subscribers} subscribers: ${r.events} events, ${r.rate.toFixed(0)} events/s, last delivery ${(r.delayMs / 1000).toFixed(2)} s after the last completion (median subscriber ${(r.medianDelayMs / 1000).toFixed(2)} s); ` +
   `last completion ${(r.drainMs / 1000).toFixed(2)} s and last delivery ${(r.afterSubmitMs / 1000).toFixed(2)} s after the last submit` +
@@ -182,6 +218,9 @@ export const describeFanout = (r: FanoutRun) =>
   (r.watchers
     ? `; ${r.watchers.count} executionCompleted watchers: heard their call end p50 ${r.watchers.p50Ms.toFixed(0)} ms, p99 ${r.watchers.p99Ms.toFixed(0)} ms, max ${r.watchers.maxMs.toFixed(0)} ms after it` +
       (Number.isNaN(r.watchers.bytesPerWatcher) ? '' : `, service memory ${(r.watchers.bytesPerWatcher / 1024).toFixed(1)} KB a watcher`) +
+      (r.watchers.breakdown
+        ? ` (heap ${kb(r.watchers.breakdown.heapUsed)}, external ${kb(r.watchers.breakdown.external)} of which ArrayBuffers ${kb(r.watchers.breakdown.arrayBuffers)})`
+        : '') +
       (r.watchers.missing || r.watchers.errors.length ? ` — MISSING ${r.watchers.missing}, errors ${JSON.stringify(r.watchers.errors)}` : '')
     : '');
 

@@ -351,6 +351,8 @@ export class CompletionHub implements ListenerSink, Closeable {
    * One value once `ended` holds, then the stream ends. `first` was read before the
    * watch began, so the table is read once more after it (the end may fall between),
    * again on each change `onChange` asks for, and again after a listener reconnect.
+   * An EventQueue rather than a Repeater: a subscriber waiting on its execution holds
+   * the queue, the watch and a few closures, and nothing of `first` once it is checked.
    */
   private once<T>(options: {
     executionIds: readonly string[];
@@ -360,33 +362,29 @@ export class CompletionHub implements ListenerSink, Closeable {
     /** A change of a watched execution: the new value itself, 'read' to read the table, or null to ignore it. */
     onChange: (execution: Execution) => T | 'read' | null;
   }): AsyncIterableIterator<T> {
-    const { read, ended, onChange } = options;
-    return new Repeater<T>(async (push, stop) => {
-      let finished = false;
-      const finish = (value: T | null) => {
-        if (finished || value === null || !ended(value)) return;
-        finished = true;
-        this.observer.onDelivered?.(1);
-        void push(value).then(() => stop());
-      };
-      const recheck = untilQuiet(
-        async () => finish(await read()),
-        () => finished,
-        (error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'),
-      );
-      const unwatch = this.watch(options.executionIds, (execution) => {
-        const change = onChange(execution);
-        if (change === 'read') void recheck();
-        else finish(change);
-      });
-      try {
-        finish(options.first);
-        if (!finished) await recheck();
-        await stop;
-      } finally {
-        unwatch();
-      }
+    const { read, ended, onChange, executionIds, first } = options;
+    const queue = new EventQueue<T>();
+    const finish = (value: T | null) => {
+      if (queue.isClosed || value === null || !ended(value)) return;
+      this.observer.onDelivered?.(1);
+      queue.push(value);
+      queue.end();
+    };
+    const recheck = untilQuiet(
+      async () => finish(await read()),
+      () => queue.isClosed,
+      (error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'),
+    );
+    const unwatch = this.watch(executionIds, (execution) => {
+      const change = onChange(execution);
+      if (change === 'read') void recheck();
+      else finish(change);
     });
+    // the value was taken, or the subscriber left
+    void queue.closed.then(unwatch);
+    finish(first);
+    if (!queue.isClosed) void recheck();
+    return queue;
   }
 
   /** Call `watcher` with each change of these executions. */

@@ -23,29 +23,47 @@ function isAsyncIterable(value: unknown): value is AsyncIterable<unknown> {
   return typeof value === 'object' && value !== null && Symbol.asyncIterator in value;
 }
 
-/** `source` with each value mapped; `return` reaches the source at once, also while a `next` waits. */
-function mapEvents<T, U>(source: AsyncIterable<T>, map: (value: T) => U | Promise<U>): AsyncGenerator<U> {
-  const iterator = source[Symbol.asyncIterator]();
-  const close = async () => (await iterator.return?.()) ?? { done: true as const, value: undefined };
-  const mapped: AsyncGenerator<U> = {
-    [Symbol.asyncIterator]: () => mapped,
-    async next() {
-      const step = await iterator.next();
-      if (step.done) return { done: true, value: undefined };
-      try {
-        return { done: false, value: await map(step.value) };
-      } catch (error) {
-        await close();
-        throw error;
-      }
-    },
-    return: async () => (await close(), { done: true, value: undefined }),
-    throw: async (error) => {
-      await close();
+/**
+ * `source` with each value mapped; `return` reaches the source at once, also while a `next` waits.
+ * A class, not closures: a subscriber holds one of these all its life.
+ */
+class MappedEvents<T, U> implements AsyncGenerator<U> {
+  private readonly iterator: AsyncIterator<T>;
+  constructor(
+    source: AsyncIterable<T>,
+    private readonly map: (value: T) => U | Promise<U>,
+  ) {
+    this.iterator = source[Symbol.asyncIterator]();
+  }
+
+  [Symbol.asyncIterator](): this {
+    return this;
+  }
+
+  async next(): Promise<IteratorResult<U>> {
+    const step = await this.iterator.next();
+    if (step.done) return { done: true, value: undefined };
+    try {
+      return { done: false, value: await this.map(step.value) };
+    } catch (error) {
+      await this.close();
       throw error;
-    },
-  };
-  return mapped;
+    }
+  }
+
+  async return(): Promise<IteratorResult<U>> {
+    await this.close();
+    return { done: true, value: undefined };
+  }
+
+  async throw(error: unknown): Promise<IteratorResult<U>> {
+    await this.close();
+    throw error;
+  }
+
+  private async close(): Promise<void> {
+    await this.iterator.return?.();
+  }
 }
 
 /**
@@ -68,9 +86,11 @@ export function useSharedEventExecution(): Plugin {
       setSubscribeFn(async (args: ExecutionArgs) => {
         const source = await createSourceEventStream(args);
         if (!isAsyncIterable(source)) return source;
-        const shape = shapeOf(args);
-        return mapEvents(source, (event) => {
+        // worked out at the first event: a subscriber that waits long holds no shape string meanwhile
+        let shape: string | null | undefined;
+        return new MappedEvents(source, (event) => {
           const run = () => execute({ ...args, rootValue: event });
+          if (shape === undefined) shape = shapeOf(args);
           if (shape === null || typeof event !== 'object' || event === null) return run();
           let byShape = results.get(event);
           if (!byShape) results.set(event, (byShape = new Map()));

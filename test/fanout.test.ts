@@ -156,3 +156,30 @@ describe('an event stream whose subscriber does not pull (any transport)', () =>
     }
   });
 });
+
+describe('executionCompleted subscribers', () => {
+  const COMPLETED = `subscription($token: ID!) { executionCompleted(token: $token) { token status } }`;
+  const invoke = async (input: Record<string, unknown>) => {
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: input });
+    assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+    return body.data.invoke.execution.token as string;
+  };
+
+  it('hear the end once, then the stream completes; one that leaves first lets go of its watch', async () => {
+    const streams = t.app.hub!.size;
+    // a call due in an hour: its subscriber leaves before it ends
+    const later = await invoke({ procedure: 'demo.noop', runAt: new Date(Date.now() + 3_600_000).toISOString() });
+    const leaving = t.ws().iterate({ query: COMPLETED, variables: { token: later } });
+    const first = leaving.next();
+    await waitFor(async () => t.app.hub!.size === streams + 1, 5000, 'the waiting subscription to join');
+    await leaving.return?.();
+    await first;
+    await waitFor(async () => t.app.hub!.size === streams, 5000, 'the left subscription to let go of its watch');
+
+    const soon = await invoke({ procedure: 'demo.sleep', arguments: { seconds: 0.3 } });
+    const staying = t.ws().iterate({ query: COMPLETED, variables: { token: soon } });
+    const results = await collect(staying as AsyncIterableIterator<any>, Infinity, 30_000);
+    assert.deepEqual(results.map((r) => r.data?.executionCompleted), [{ token: soon, status: 'SUCCEEDED' }]);
+    await waitFor(async () => t.app.hub!.size === streams, 5000, 'the ended subscription to let go of its watch');
+  });
+});

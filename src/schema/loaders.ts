@@ -13,17 +13,36 @@ export interface Loaders {
   progress: DataLoader<string, ExecutionProgress | null>;
 }
 
-export function createLoaders(engine: Engine): Loaders {
-  return {
-    history: new DataLoader(async (ids) => {
-      const found = await engine.getHistory(ids);
+/**
+ * The loaders, each made on first use: a graphql-ws subscription keeps its context for its whole
+ * life, and most never resolve a field that loads (three DataLoaders are ~2.8 KB a subscriber).
+ */
+class LazyLoaders implements Loaders {
+  #history?: Loaders['history'];
+  #batch?: Loaders['batch'];
+  #progress?: Loaders['progress'];
+  constructor(private readonly engine: Engine) {}
+
+  get history(): Loaders['history'] {
+    return (this.#history ??= new DataLoader(async (ids) => {
+      const found = await this.engine.getHistory(ids);
       return ids.map((id) => found.get(id) ?? []);
-    }),
+    }));
+  }
+
+  get batch(): Loaders['batch'] {
     // no engine reads several batches at once; the loader still reads each one once per request
-    batch: new DataLoader((ids) => Promise.all(ids.map((id) => engine.getBatch(id)))),
-    progress: new DataLoader(async (ids) => {
-      const found = (await engine.getProgress?.(ids)) ?? new Map<string, ExecutionProgress>();
+    return (this.#batch ??= new DataLoader((ids) => Promise.all(ids.map((id) => this.engine.getBatch(id)))));
+  }
+
+  get progress(): Loaders['progress'] {
+    return (this.#progress ??= new DataLoader(async (ids) => {
+      const found = (await this.engine.getProgress?.(ids)) ?? new Map<string, ExecutionProgress>();
       return ids.map((id) => found.get(id) ?? null);
-    }),
-  };
+    }));
+  }
+}
+
+export function createLoaders(engine: Engine): Loaders {
+  return new LazyLoaders(engine);
 }
