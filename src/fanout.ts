@@ -71,7 +71,14 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
  * subscriber whose event object another subscriber of the same shape already executed gets that
  * result. Results are kept with the event object (a WeakMap), so they live as long as it does.
  */
-export function useSharedEventExecution(): Plugin {
+export function useSharedEventExecution(options: {
+  /**
+   * The context one event is executed with. A subscription keeps its context for its whole
+   * life: what a request may cache (dataloaders) must be made again for each event, or a later
+   * event is served what was read for an earlier one.
+   */
+  eventContext?: (context: unknown) => unknown;
+} = {}): Plugin {
   const printed = new WeakMap<DocumentNode, string>();
   const results = new WeakMap<object, Map<string, Promise<ExecutionResult> | ExecutionResult>>();
   const shapeOf = (args: ExecutionArgs): string | null => {
@@ -89,7 +96,8 @@ export function useSharedEventExecution(): Plugin {
         // worked out at the first event: a subscriber that waits long holds no shape string meanwhile
         let shape: string | null | undefined;
         return new MappedEvents(source, (event) => {
-          const run = () => execute({ ...args, rootValue: event });
+          const run = () =>
+            execute({ ...args, rootValue: event, contextValue: options.eventContext ? options.eventContext(args.contextValue) : args.contextValue });
           if (shape === undefined) shape = shapeOf(args);
           if (shape === null || typeof event !== 'object' || event === null) return run();
           let byShape = results.get(event);

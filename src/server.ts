@@ -145,7 +145,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
-      useSharedEventExecution(),
+      // each event's fields read afresh (a shared result is executed once per event and shape)
+      useSharedEventExecution({ eventContext: (context) => ({ ...(context as object), loaders: createLoaders(engine) }) }),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
   });

@@ -183,3 +183,35 @@ describe('executionCompleted subscribers', () => {
     await waitFor(async () => t.app.hub!.size === streams, 5000, 'the ended subscription to let go of its watch');
   });
 });
+
+describe('fields an event reads afresh', () => {
+  it("each event of a long-lived subscription reads its execution's history as of that event, not as of the first", async () => {
+    await db.sql.query(`create schema if not exists fantest;
+      create or replace procedure fantest.fail_once_more(message text) language plpgsql as $$
+      begin raise exception '%', message using errcode = '22023'; end $$`);
+    await db.engine.registerProcedure('fantest.fail_once_more', { maxAttempts: 2 });
+    const streams = t.app.hub!.size;
+    const stream = t.ws().iterate({
+      query: `subscription($f: ExecutionFilter) { executionEvents(filter: $f) { status execution { history { status } } } }`,
+      variables: { f: { procedure: 'fantest.fail_once_more' } },
+    }) as AsyncIterableIterator<any>;
+    const first = stream.next();
+    await waitFor(async () => t.app.hub!.size === streams + 1, 5000, 'the subscription to join');
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, {
+      i: { procedure: 'fantest.fail_once_more', arguments: { message: 'not yet' } },
+    });
+    assert.equal(body.errors, undefined, JSON.stringify(body.errors));
+    // PENDING, RUNNING, WAITING (the first attempt failed), PENDING, RUNNING, FAILED
+    // the first event loads the history as it is then; the end must be read as it is at the end
+    const events: { status: string; execution: { history: { status: string }[] } }[] = [];
+    for (let step = await first; !step.done; step = await stream.next()) {
+      assert.equal(step.value.errors, undefined, JSON.stringify(step.value.errors));
+      events.push(step.value.data.executionEvents);
+      if (events.at(-1)!.status === 'FAILED') break;
+    }
+    await stream.return?.();
+    assert.ok(events.length >= 2, JSON.stringify(events));
+    assert.ok(events[0].execution.history.length <= 1, JSON.stringify(events[0]));
+    assert.deepEqual(events.at(-1)!.execution.history.map((a) => a.status), ['FAILED', 'FAILED'], 'both attempts, as of the last event');
+  });
+});
