@@ -295,6 +295,13 @@ describe('odd input is bad input: a code, nothing changed, no stack in the log',
     ],
   ];
 
+  it('a document is checked again until it passes: the same bad literal twice is refused twice', async () => {
+    for (let i = 0; i < 2; i++) {
+      const { body } = await t.gql(`{ executions(filter: { queue: "b\\u0000" }) { totalCount } }`);
+      assert.equal(body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(body));
+    }
+  });
+
   for (const [name, run] of cases) {
     it(name, async () => {
       const before = await total();
