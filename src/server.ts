@@ -94,6 +94,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
     schema,
     graphqlEndpoint: '/graphql',
     landingPage: false,
+    // useBodyLimit below is the limit (and the cheaper one)
+    maxRequestBodySize: false,
     graphiql: graphiql ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
     renderGraphiQL,
     cors: corsOptions(options.corsOrigins, !open),

@@ -1,6 +1,7 @@
 /** The GraphQL edge against abuse: operation limits, body size, cross-site requests, subscriptions per socket, odd input, production defaults. */
 import assert from 'node:assert/strict';
 import { request as httpRequest } from 'node:http';
+import { connect } from 'node:net';
 import { Writable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
 import pino from 'pino';
@@ -158,6 +159,29 @@ describe('request size', () => {
     assert.equal(await total('demo.record'), before, 'nothing enqueued');
   });
 
+  it('a body longer than its Content-Length is cut at it, and a Content-Length beside Transfer-Encoding is refused: nothing runs', async () => {
+    // the declared length is the whole body (the server no longer counts bytes when a length is declared)
+    const before = await total('demo.record');
+    const body = JSON.stringify({ query: 'mutation($t: String!) { invoke(input: { procedure: "demo.record", arguments: { tag: $t } }) { execution { token } } }', variables: { t: 'x'.repeat(3 * 1024 * 1024) } });
+    const { host, hostname, port } = new URL(t.url);
+    const raw = (head: string, payload: string) =>
+      new Promise<string>((resolve, reject) => {
+        const socket = connect(Number(port), hostname, () => {
+          socket.write(head);
+          socket.end(payload);
+        });
+        let text = '';
+        socket.on('data', (d) => (text += d));
+        socket.on('close', () => resolve(text));
+        socket.on('error', (error: NodeJS.ErrnoException) => (error.code === 'ECONNRESET' || error.code === 'EPIPE' ? resolve(text) : reject(error)));
+      });
+    const short = await raw(`POST /graphql HTTP/1.1\r\nhost: ${host}\r\ncontent-type: application/json\r\ncontent-length: 200\r\nconnection: close\r\n\r\n`, body);
+    assert.match(short, /^HTTP\/1\.1 400/, short.slice(0, 200));
+    const both = await raw(`POST /graphql HTTP/1.1\r\nhost: ${host}\r\ncontent-type: application/json\r\ncontent-length: 10\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n`, `${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+    assert.match(both, /^HTTP\/1\.1 400/, both.slice(0, 200));
+    assert.equal(await total('demo.record'), before, 'nothing enqueued');
+  });
+
   it('a small chunked body is read whole and runs', async () => {
     const query = JSON.stringify({ query: '{ changeCursor }' });
     const { status, text } = await rawPost(t.url, { 'content-type': 'application/json', 'transfer-encoding': 'chunked' }, [query.slice(0, 5), query.slice(5)]);
@@ -270,6 +294,13 @@ describe('odd input is bad input: a code, nothing changed, no stack in the log',
       },
     ],
   ];
+
+  it('a document is checked again until it passes: the same bad literal twice is refused twice', async () => {
+    for (let i = 0; i < 2; i++) {
+      const { body } = await t.gql(`{ executions(filter: { queue: "b\\u0000" }) { totalCount } }`);
+      assert.equal(body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(body));
+    }
+  });
 
   for (const [name, run] of cases) {
     it(name, async () => {

@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
-import type { Closeable, Execution } from '../src/engine.js';
+import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
@@ -144,6 +144,98 @@ describe('the SQL interface for backend services', () => {
     }
     await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '{"a": "1; drop table demo.ledger", "b": 1}')`), (e: any) => e.code === 'AP002');
     await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '[1, 2]')`), (e: any) => e.code === 'AP002');
+  });
+});
+
+describe("the service's named submit statements", () => {
+  // prepared once per pooled connection: whatever they check must still be read on every call
+  it('honour at once a registration withdrawn, restricted or pointing at a dropped routine, a replaced asyncproc.submit and a revoked EXECUTE', async () => {
+    const fresh = await cluster.createDatabase();
+    const admin = createPostgresEngine({ connectionString: fresh });
+    await admin.migrate();
+    await admin.installDemo();
+    // one connection: every call below runs on the connection that prepared the statements
+    const service = createPostgresEngine({ connectionString: fresh, poolSize: 1 });
+    const db = await cluster.connect(fresh);
+    const count = async () => Number((await db.query('select count(*) as n from asyncproc.executions')).rows[0].n);
+    const call = (procedure: string, args: Record<string, unknown>, callerRoles: string[] | null = null) =>
+      ({ procedure, arguments: args, callerRoles }) as InvokeCall;
+    const one = (c: InvokeCall) => service.submit([c]);
+    const two = (c: InvokeCall) => service.submit([c, c]);
+    const refused = async (attempt: () => Promise<unknown>, code: string) => {
+      const before = await count();
+      await assert.rejects(attempt(), (e: any) => e.code === code);
+      assert.equal(await count(), before, `${code}: nothing written`);
+    };
+    try {
+      const add = call('demo.add', { a: 1, b: 2 });
+      assert.equal((await one(add)).length, 1);
+      assert.equal((await two(add)).length, 2);
+
+      await admin.unregisterProcedure('demo.add');
+      await refused(() => one(add), 'UNKNOWN_PROCEDURE');
+      await refused(() => two(add), 'UNKNOWN_PROCEDURE');
+
+      await admin.registerProcedure('demo.add', { roles: ['ledger'] });
+      await refused(() => one(call('demo.add', { a: 1, b: 2 }, ['billing'])), 'FORBIDDEN');
+      await refused(() => two(call('demo.add', { a: 1, b: 2 }, ['billing'])), 'FORBIDDEN');
+      assert.equal((await one(call('demo.add', { a: 1, b: 2 }, ['ledger']))).length, 1);
+
+      await db.query('create procedure demo.flip(x integer) language plpgsql as $$ begin end $$');
+      await admin.registerProcedure('demo.flip');
+      assert.equal((await one(call('demo.flip', { x: 1 }))).length, 1);
+      await db.query('drop procedure demo.flip(integer); create procedure demo.flip(x text) language plpgsql as $$ begin end $$');
+      await refused(() => one(call('demo.flip', { x: 'a' })), 'UNKNOWN_PROCEDURE');
+      await db.query('drop procedure demo.flip(text); create procedure demo.flip(x integer) language plpgsql as $$ begin end $$');
+      await refused(() => one(call('demo.flip', { x: 'not a number' })), 'INVALID_ARGUMENTS');
+      assert.equal((await one(call('demo.flip', { x: 2 }))).length, 1);
+
+      // another instance's migration replaces the routine: the statements find the new one, never the old
+      await db.query(`alter function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[]) rename to submit_old`);
+      await assert.rejects(one(add), (e: any) => e.code === '42883');
+      await assert.rejects(two(add), (e: any) => e.code === '42883');
+      await db.query(await readFile(new URL('../sql/postgres/routines/submit.sql', import.meta.url), 'utf8'));
+      await db.query(`drop function asyncproc.submit_old(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[])`);
+      await admin.registerProcedure('demo.add');
+      assert.equal((await one(add)).length, 1);
+      assert.equal((await two(add)).length, 2);
+    } finally {
+      await service.close();
+      await admin.close();
+      await db.end();
+    }
+  });
+
+  it('a role whose EXECUTE on asyncproc.submit is revoked is refused on its next call', async () => {
+    const fresh = await cluster.createDatabase();
+    const admin = createPostgresEngine({ connectionString: fresh });
+    await admin.migrate();
+    await admin.installDemo();
+    const db = await cluster.connect(fresh);
+    const role = `invoker_${process.pid}`;
+    await db.query(`create role ${role} login password 'invoker';
+      grant usage on schema asyncproc, demo to ${role};
+      grant select, insert on all tables in schema asyncproc to ${role};
+      grant usage on all sequences in schema asyncproc to ${role};
+      grant execute on all routines in schema asyncproc to ${role}`);
+    const asRole = new URL(fresh);
+    asRole.username = role;
+    asRole.password = 'invoker';
+    const service = createPostgresEngine({ connectionString: asRole.toString(), poolSize: 1 });
+    const add = { procedure: 'demo.add', arguments: { a: 1, b: 2 } } as InvokeCall;
+    try {
+      assert.equal((await service.submit([add])).length, 1);
+      assert.equal((await service.submit([add, add])).length, 2);
+      await db.query(`revoke execute on function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[]) from ${role}`);
+      await assert.rejects(service.submit([add]), (e: any) => e.code === '42501');
+      await assert.rejects(service.submit([add, add]), (e: any) => e.code === '42501');
+      assert.equal(Number((await db.query('select count(*) as n from asyncproc.executions')).rows[0].n), 3);
+    } finally {
+      await service.close();
+      await admin.close();
+      await db.query(`drop owned by ${role}; drop role ${role}`).catch(() => undefined);
+      await db.end();
+    }
   });
 });
 

@@ -9,16 +9,20 @@ function tooLarge(fetchAPI: { Response: typeof Response }, maxBytes: number): Re
 }
 
 /**
- * Refuse a request body larger than the limit, counting the bytes actually read whatever the transfer
- * encoding (a chunked body declares no length); a declared Content-Length over the limit is refused unread.
- * The body is read here, at most `maxBytes`, and handed on to yoga's parsers as a buffer.
+ * Refuse a request body larger than the limit: a declared Content-Length over the limit unread; a body
+ * without one (chunked) counting the bytes actually read, at most `maxBytes`, then handed on to yoga's
+ * parsers as a buffer. The server turns yoga's own limit off (`maxRequestBodySize: false`): this one
+ * answers first, and yoga's pipes every body through a TransformStream.
  */
 export function useBodyLimit(maxBytes: number): Plugin {
   return {
     async onRequest({ request, setRequest, endResponse, fetchAPI }) {
       if (request.body == null || request.method === 'GET' || request.method === 'HEAD') return;
-      if (Number(request.headers.get('content-length') ?? '0') > maxBytes) {
-        endResponse(tooLarge(fetchAPI, maxBytes));
+      const declared = request.headers.get('content-length');
+      if (declared !== null) {
+        if (Number(declared) > maxBytes) endResponse(tooLarge(fetchAPI, maxBytes));
+        // HTTP/1.1 framing: the body is exactly that long (Node's parser refuses a malformed length, or
+        // one beside Transfer-Encoding), so it needs no counting and yoga reads it as it came
         return;
       }
       const reader = request.body.getReader();

@@ -29,9 +29,13 @@ function refusal(error: unknown): { errors: GraphQLError[] } {
  * Checks that need a field's meaning (runAt's range, a page cursor's) stay with the field, in schema/input.ts.
  */
 export function useInputHygiene(): Plugin {
+  // yoga's parser cache hands the same document object to every request with the same text: walk it once
+  const passed = new WeakSet<DocumentNode>();
   const check = (document: DocumentNode, variables: unknown) => {
     checkJsonValue(variables ?? {}, 'variables');
+    if (passed.has(document)) return;
     checkDocument(document);
+    passed.add(document);
   };
   return {
     onExecute({ args, setResultAndStopExecution }) {
