@@ -77,14 +77,37 @@ const allFinished = (tokens: string[], timeoutMs = 30_000) =>
   );
 
 describe('several worker processes', () => {
+  it('hold connections for the slots they hold, not one per slot of every process', async () => {
+    await engine.configureQueue('shared', 2);
+    const activators = await Promise.all(['one', 'two', 'three'].map((workerId) => engine.startActivator({ workerId, queues: ['shared'] })));
+    try {
+      const slotConnections = async () =>
+        Number((await sql.query(`select count(*) as n from pg_stat_activity where application_name like 'asyncproc worker %/shared#%'`)).rows[0].n);
+      await waitFor(async () => (await slotConnections()) >= 2, 15_000, 'the queue slots to be held');
+      // three processes' loops for a queue of two slots: a loop without a slot probes now and then, connection in hand only meanwhile
+      const seen: number[] = [];
+      for (let i = 0; i < 8; i++) {
+        seen.push(await slotConnections());
+        await sleep(250);
+      }
+      assert.equal(Math.min(...seen), 2, `connections of the queue's worker loops over 2 s: ${seen.join(', ')} (3 × 2 loops)`);
+      // and the queue still runs its calls
+      const tokens = (await engine.submit(Array.from({ length: 6 }, () => ({ procedure: 'demo.noop', arguments: {}, queue: 'shared' })))).map((e) => e.token);
+      await allFinished(tokens);
+    } finally {
+      await Promise.all(activators.map((a) => a.close()));
+    }
+  });
+
   it("share a queue's concurrency limit: never exceeded, and reached", async () => {
     await engine.configureQueue('pair', 4);
     const workers = [cli('worker'), cli('worker')];
     try {
-      // both processes are up and each has its own slots for the queue
+      // both processes are up (each listens for work), and the queue's slots are held
       await waitFor(async () => {
-        const { rows } = await sql.query(`select application_name from pg_stat_activity where application_name like 'asyncproc worker %/pair#%'`);
-        return new Set(rows.map((r) => /worker (\S+)\//.exec(r.application_name)![1])).size === 2;
+        const { rows } = await sql.query(`select application_name from pg_stat_activity where application_name like 'asyncproc activator %'`);
+        const { rows: slots } = await sql.query(`select 1 from pg_stat_activity where application_name like 'asyncproc worker %/pair#%'`);
+        return new Set(rows.map((r) => r.application_name)).size >= 2 && slots.length >= 4;
       }, 20_000, 'two worker processes serving the queue');
       await sql.query('begin');
       const submitted: string[] = [];

@@ -35,6 +35,12 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
 const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
 /** The time one housekeeping round may spend purging. */
 const PURGE_BUDGET_MS = 2000;
+/**
+ * How often a worker loop that holds none of its queue's slots (other processes hold them all)
+ * tries again, with no connection meanwhile: between this and twice this, so that the loops of
+ * many processes do not connect at one instant.
+ */
+const PROBE_MS = 5000;
 /** Claims between two vacuums of the ready table. */
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
@@ -89,6 +95,8 @@ interface Grouping {
 
 class QueueWorkers {
   readonly doorbell = new Doorbell();
+  /** Rung when a slot of the queue may have come free here (more concurrency, or stopping). */
+  readonly vacancy = new Doorbell();
   private readonly slots = new Map<number, Promise<void>>();
   constructor(
     readonly name: string,
@@ -105,7 +113,12 @@ class QueueWorkers {
     for (let i = 0; i < concurrency; i++) {
       if (!this.slots.has(i)) this.slots.set(i, this.runSlot(i).finally(() => this.slots.delete(i)));
     }
+    this.wakeAll();
+  }
+  /** Every loop of the queue looks again now: those with a slot for work, those without for a slot. */
+  wakeAll(): void {
     this.doorbell.ring(true);
+    this.vacancy.ring(true);
   }
   done(): Promise<void> {
     return Promise.all(this.slots.values()).then(() => undefined);
@@ -124,7 +137,12 @@ class QueueWorkers {
           backoff = 100;
         }
         if (!(await this.acquireSlot(client))) {
-          await this.doorbell.wait(5000);
+          // every slot is held elsewhere: give the connection back while waiting (connections then
+          // follow the slots held, not processes × concurrency), and stay off the doorbell, whose
+          // rings are meant for loops that can claim
+          await client.end().catch(() => undefined);
+          client = null;
+          await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
           continue;
         }
         await this.work(client, worker);
@@ -480,7 +498,7 @@ export class PostgresActivator implements Closeable {
     let backoff = 100;
     const connect = async (): Promise<void> => {
       try {
-        const client = await this.connect('asyncproc activator');
+        const client = await this.connect(`asyncproc activator ${this.options.workerId}`);
         client.on('notification', (msg) => {
           if (msg.channel === 'asyncproc_queues') {
             this.housekeeping = this.housekeeping.then(() => this.refreshQueues().catch((err) => this.options.onError?.(toError(err))));
@@ -627,7 +645,7 @@ export class PostgresActivator implements Closeable {
     if (this.ticker) clearInterval(this.ticker);
     if (this.dueTimer) clearTimeout(this.dueTimer);
     await this.housekeeping;
-    for (const queue of this.queues.values()) queue.doorbell.ring(true);
+    for (const queue of this.queues.values()) queue.wakeAll();
     await Promise.all([...this.queues.values()].map((q) => q.done()));
     await this.waker?.end().catch(() => undefined);
   }
