@@ -26,7 +26,7 @@ function startWorker(url: string): ChildProcess & { stderrText: string } {
 
 /**
  * DRAIN no-op calls run by `processes` worker processes sharing the default queue's limit of 10.
- * The calls wait (a runAt an hour ahead) until every process holds its connections, then one
+ * The calls wait (a runAt an hour ahead) until every process listens and the slots are held, then one
  * transaction releases them all; the rate is the database's own: first start to last finish.
  */
 export async function drainWorkers(url: string, processes: number): Promise<Drain> {
@@ -39,8 +39,11 @@ export async function drainWorkers(url: string, processes: number): Promise<Drai
     await withClient(url, async (client) => {
       const deadline = Date.now() + 120_000;
       for (;;) {
-        const { rows } = await client.query(`select count(*) as n from pg_stat_activity where application_name like 'asyncproc worker %'`);
-        if (Number(rows[0].n) >= processes * CONCURRENCY) break;
+        // every process listens for work, and the queue's slots are held (a loop without one holds no connection)
+        const { rows } = await client.query(`select count(*) filter (where application_name like 'asyncproc activator %') as listening,
+                                                    count(*) filter (where application_name like 'asyncproc worker %') as slots
+                                               from pg_stat_activity`);
+        if (Number(rows[0].listening) >= processes && Number(rows[0].slots) >= CONCURRENCY) break;
         if (Date.now() > deadline || children.some((c) => c.exitCode !== null)) {
           throw new Error(`the worker processes did not connect: ${children.map((c) => c.stderrText).join('\n')}`);
         }
