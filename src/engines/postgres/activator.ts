@@ -1,5 +1,5 @@
 import pg from 'pg';
-import type { ActivatorOptions, Closeable, ExecutionStatus } from '../../engine.js';
+import type { ActivatorOptions, Closeable, ExecutionStatus, GroupCommits } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
@@ -87,12 +87,6 @@ class Doorbell {
   }
 }
 
-/** A queue's commit grouping: at most `size` calls in one transaction, begun within `maxMs`. */
-interface Grouping {
-  size: number;
-  maxMs: number;
-}
-
 class QueueWorkers {
   readonly doorbell = new Doorbell();
   /** Rung when a slot of the queue may have come free here (more concurrency, or stopping). */
@@ -102,7 +96,7 @@ class QueueWorkers {
     readonly name: string,
     public concurrency: number,
     /** Read by each slot before each call, so a change applies from the next one. */
-    public grouping: Grouping,
+    public grouping: GroupCommits,
     private readonly activator: PostgresActivator,
   ) {
     this.resize(concurrency);
