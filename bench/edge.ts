@@ -6,12 +6,11 @@
 import { fork } from 'node:child_process';
 import { once } from 'node:events';
 import { fileURLToPath } from 'node:url';
-import { createClient } from 'graphql-ws';
-import WebSocket from 'ws';
 import { startApp, type App } from '../src/app.js';
 import { loadConfig } from '../src/config.js';
 import { silentLogger } from '../src/logger.js';
 import { freePort } from '../test/support/database.js';
+import { measureLatencies } from './latencyClient.js';
 import { concurrently, QUICK } from './measure.js';
 
 export const INVOKES = Number(process.env.BENCH_INVOKES ?? (QUICK ? 1_000 : 5_000));
@@ -53,29 +52,17 @@ export async function pgBossSendRate(url: string): Promise<number> {
   return rate;
 }
 
-/** Mutation response → executionCompleted at a graphql-ws subscriber, `n` sequential calls (ms, sorted). */
-export async function completionLatencies(endpoint: string, n: number): Promise<number[]> {
-  const invoke = async () => {
-    const response = await fetch(endpoint, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ query: `mutation { invoke(input: { procedure: "demo.noop" }) { execution { token } } }` }),
-    });
-    return ((await response.json()) as { data: { invoke: { execution: { token: string } } } }).data.invoke.execution.token;
-  };
-  const ws = createClient({ url: endpoint.replace(/^http/, 'ws'), webSocketImpl: WebSocket });
-  const latencies: number[] = [];
-  try {
-    for (let i = 0; i < n + 20; i++) {
-      const token = await invoke();
-      const start = performance.now();
-      for await (const _event of ws.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: token } })) {
-        break;
-      }
-      if (i >= 20) latencies.push(performance.now() - start);
-    }
-  } finally {
-    await ws.dispose();
-  }
-  return latencies.sort((a, b) => a - b);
+/**
+ * Mutation response → executionCompleted at a graphql-ws subscriber, `n` sequential calls (ms,
+ * sorted). The client runs in this process, as the peer's addJob does beside its runner, or with
+ * `separate` in a child process (bench/latencyClient.ts): each call then also waits for two
+ * processes to be woken on the shared cores.
+ */
+export async function completionLatencies(endpoint: string, n: number, separate = false): Promise<number[]> {
+  if (!separate) return (await measureLatencies(endpoint, n, 20)).sort((a, b) => a - b);
+  const child = fork(fileURLToPath(new URL('./latencyClient.ts', import.meta.url)), [JSON.stringify({ url: endpoint, n, warmup: 20 })], {
+    execArgv: ['--import', 'tsx'],
+  });
+  const [message] = (await once(child, 'message')) as [{ latencies: number[] }];
+  return message.latencies.sort((a, b) => a - b);
 }

@@ -164,8 +164,12 @@ export class CompletionHub implements ListenerSink, Closeable {
     }, this.options.pollMs ?? 1000);
   }
 
-  onChange(): void {
+  onChange(own?: { terminal: boolean }): void {
     if (this.closed || !this.position) return;
+    // Only streams hand out a change that does not end its execution (every watcher waits for an
+    // end): with none, this process's own such change waits for the next read (an end, a
+    // notification or the poll) rather than cost one now, on the way of the call that made it.
+    if (own && !own.terminal && !this.streams.size) return;
     if (this.reading) {
       this.again = true;
       return;

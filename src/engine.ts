@@ -404,8 +404,12 @@ export interface ChangeRead {
 
 /** Where a listener says that something may have changed. Hints only: the table is the truth. */
 export interface ListenerSink {
-  /** A change was heard (or may have been missed, after a reconnect): read the change feed. */
-  onChange(): void;
+  /**
+   * A change was heard (or may have been missed, after a reconnect): read the change feed.
+   * `own`: a change this process itself committed, told before any notification (trusted,
+   * unlike a payload): whether it ended its execution. Absent: read.
+   */
+  onChange(own?: { terminal: boolean }): void;
   onError(error: Error): void;
   /** A progress report of this execution was stored (a hint: read it with Engine.getProgress). */
   onProgress?(executionId: string): void;

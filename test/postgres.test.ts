@@ -239,6 +239,64 @@ describe("the service's named submit statements", () => {
   });
 });
 
+describe('waking the workers', () => {
+  // a database of its own, with function statistics, and an engine whose housekeeping tick
+  // (which wakes every queue and releases due calls once a second) never comes in the test
+  async function quietEngine(): Promise<{ engine: PostgresEngine; url: string; db: pg.Client }> {
+    const dbUrl = await cluster.createDatabase();
+    const db = await cluster.connect(dbUrl);
+    await db.query(`alter database ${db.escapeIdentifier(new URL(dbUrl).pathname.slice(1))} set track_functions = 'pl'`);
+    const quiet = createPostgresEngine({ connectionString: dbUrl, tickMs: 600_000 });
+    await quiet.migrate();
+    await quiet.installDemo();
+    await quiet.configureQueue('default', 4);
+    return { engine: quiet, url: dbUrl, db };
+  }
+
+  it('a call submitted to idle workers is claimed once: no sibling is woken for nothing, and the wake does not come back as a second one', async () => {
+    const { engine: quiet, db } = await quietEngine();
+    const workers = await quiet.startActivator({ workerId: 'wake' });
+    const calls = 20;
+    try {
+      for (let i = 0; i < calls; i++) {
+        const [{ token }] = await quiet.submit([{ procedure: 'demo.noop', arguments: {} }]);
+        await waitFor(async () => (await quiet.getExecution(token))?.status === 'SUCCEEDED' || null);
+        await new Promise((resolve) => setTimeout(resolve, 50)); // a second claim, if one comes, comes now
+      }
+    } finally {
+      // a session's function statistics reach the view when it ends
+      await workers.close();
+      await quiet.close();
+    }
+    const claims = await waitFor(async () => {
+      const { rows } = await db.query(`select coalesce(sum(calls), 0)::int as n from pg_stat_user_functions where schemaname = 'asyncproc' and funcname = 'claim'`);
+      return rows[0].n >= 2 * calls ? (rows[0].n as number) : null;
+    }, 5000, 'the claims to be counted');
+    await db.end();
+    // each call: the claim that takes it, and the one run() makes for the next call after it
+    // (a sibling woken for nothing, or the process's own wake heard back, would add one each)
+    assert.ok(claims <= 2 * calls + 4, `${claims} claims for ${calls} calls`);
+  });
+
+  it('a call due later is started when due by its own timer, not by the next housekeeping tick', async () => {
+    const { engine: quiet, db } = await quietEngine();
+    await db.end();
+    const workers = await quiet.startActivator({ workerId: 'due' });
+    try {
+      const runAt = new Date(Date.now() + 500);
+      const [{ token }] = await quiet.submit([{ procedure: 'demo.noop', arguments: {}, runAt }]);
+      const done = await waitFor(async () => {
+        const e = await quiet.getExecution(token);
+        return e?.status === 'SUCCEEDED' ? e : null;
+      }, 5000, 'the due call to run');
+      assert.ok(done.startedAt!.getTime() >= runAt.getTime());
+    } finally {
+      await workers.close();
+      await quiet.close();
+    }
+  });
+});
+
 describe('running calls', () => {
   it('a running call is found by its key, never by a walk of the index of every running call', async () => {
     // every call leaves its RUNNING version in executions_active until a vacuum: a lookup through

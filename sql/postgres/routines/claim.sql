@@ -6,11 +6,16 @@
 -- recover). The caller notifies (id:seq:RUNNING) after commit.
 -- after_id: only calls past it (a group's next claim starts past its last one: the ready rows
 -- that other groups hold deleted but uncommitted lie below, and skipping each costs a visit).
+-- look_ahead: say in `more` whether the queue holds a ready call past this one (the worker then
+-- wakes an idle sibling for it; without one, the sibling's claim would find nothing). A hint:
+-- a row another claim is taking counts, one committed a moment later does not (its wake comes).
 drop function if exists asyncproc.claim(text, text);
 drop function if exists asyncproc.claim(text, text, bigint);
 create or replace function asyncproc.claim(
-  queue_name text, worker text, after_id bigint default 0, out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean,
-  out token uuid, out procedure text   -- for the worker's log lines (grep a token, read its story)
+  queue_name text, worker text, after_id bigint default 0, look_ahead boolean default false,
+  out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean,
+  out token uuid, out procedure text,   -- for the worker's log lines (grep a token, read its story)
+  out more boolean
 )
 language plpgsql as $$
 declare
@@ -37,6 +42,9 @@ begin
   if claim.id is not null then
     -- taken before the commit that makes the call RUNNING: recover never sees it RUNNING and unlocked
     perform pg_advisory_lock(k.key1, k.key2) from asyncproc.lock_key(claim.id) k;
+    if look_ahead then
+      more := exists (select from asyncproc.ready x where x.queue = queue_name and x.id > claim.id);
+    end if;
   end if;
 end
 $$;

@@ -176,7 +176,7 @@ class QueueWorkers {
     const claimed = (
       await client.query<ClaimRow>({
         name: 'asyncproc-claim',
-        text: 'select id, seq, timeout_ms, transactional, token, procedure from asyncproc.claim($1, $2)',
+        text: 'select id, seq, timeout_ms, transactional, token, procedure, more from asyncproc.claim($1, $2, 0, true)',
         values: [this.name, worker],
       })
     ).rows[0];
@@ -188,13 +188,16 @@ class QueueWorkers {
       token: claimed.token,
       procedure: claimed.procedure,
     };
+    // the first claim says whether more is ready; a later one is made while more was coming
+    let more = claimed.more === true;
     while (next.id !== null) {
       // the token and procedure on every line of a call, so `grep <token>` tells its story in every process
       const call = { token: next.token, procedure: next.procedure, queue: this.name, worker };
       this.activator.options.logger.info(call, 'execution started');
       this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
-      this.doorbell.ring();
+      if (more) this.doorbell.ring();
+      more = true;
       // statement_timeout is armed when a statement starts, so the call's own timeout is set
       // before the statement that runs it (a round trip only when it differs from the last)
       await armTimeout(client, next.timeoutMs);
@@ -399,6 +402,7 @@ function describe(err: pg.DatabaseError, timedOut: boolean, timeoutMs: number): 
 const RAW_TEXT: pg.CustomTypesConfig = { getTypeParser: () => (value: string) => value } as unknown as pg.CustomTypesConfig;
 
 interface ClaimRow {
+  more: boolean | null;
   id: string | null;
   seq: string | null;
   timeout_ms: number | null;
@@ -494,6 +498,8 @@ export class PostgresActivator implements Closeable {
       try {
         const client = await this.connect(`asyncproc activator ${this.options.workerId}`);
         client.on('notification', (msg) => {
+          // this process's own wake: its activators were woken (wake()) when it was queued
+          if (msg.channel === 'asyncproc_wake' && this.options.notifier.sentBy(msg.processId)) return;
           if (msg.channel === 'asyncproc_queues') {
             this.housekeeping = this.housekeeping.then(() => this.refreshQueues().catch((err) => this.options.onError?.(toError(err))));
             return;
@@ -613,9 +619,10 @@ export class PostgresActivator implements Closeable {
     return total;
   }
 
-  /** Work was just committed on these queues (by this process): wake a slot at once. */
-  wake(queues: Iterable<string>): void {
+  /** Work was just committed on these queues (by this process): wake a slot at once; some of it due later (`waiting`): arm its timer. */
+  wake(queues: Iterable<string>, waiting = false): void {
     for (const queue of queues) this.queues.get(queue)?.doorbell.ring();
+    if (waiting) this.scheduleDue();
   }
 
   /**

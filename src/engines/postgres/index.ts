@@ -162,13 +162,15 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
 
   private announce(executions: Execution[]): void {
     const ready = new Set<string>();
+    let waiting = false;
     for (const execution of executions) {
       this.notifier.event(execution.id, execution.cursor, execution.status);
       // WAITING too: activators then arm a timer for its runAt
       ready.add(execution.queue);
+      waiting ||= execution.status === 'WAITING';
     }
     for (const queue of ready) this.notifier.wake(queue);
-    for (const activator of this.activators) activator.wake(ready);
+    for (const activator of this.activators) activator.wake(ready, waiting);
   }
 
   async getExecution(token: string) {
@@ -277,10 +279,11 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       connectionString: this.options.connectionString,
       sink,
       logger: this.logger,
+      ownSender: (processId) => this.notifier.sentBy(processId),
     });
     await listener.start();
     // events of this process's own transactions: read at once, not when their NOTIFY comes back
-    const heard = () => sink.onChange();
+    const heard = (own: { terminal: boolean }) => sink.onChange(own);
     this.notifier.local.add(heard);
     return this.closeables.track(listener, () => this.notifier.local.delete(heard));
   }

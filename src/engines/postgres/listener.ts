@@ -11,6 +11,8 @@ export interface PostgresListenerOptions {
   logger: Logger;
   /** A silent connection is probed this often, so a half-open one is found. @default 10000 */
   heartbeatMs?: number;
+  /** Whether a notification's sender is this process's own notifier (the sink heard its events already). */
+  ownSender?: (processId: number) => boolean;
 }
 
 /** One notification key: `id:seq:status`. */
@@ -64,7 +66,11 @@ export class PostgresListener implements Closeable {
     };
     client.on('error', onLost);
     client.on('end', () => onLost());
-    client.on('notification', (msg) => this.hear(msg.channel, msg.payload));
+    client.on('notification', (msg) => {
+      // this process's own notifier: its listeners were told when it queued the NOTIFY
+      if (msg.channel === 'asyncproc_events' && this.options.ownSender?.(msg.processId)) return;
+      this.hear(msg.channel, msg.payload);
+    });
     try {
       await client.connect();
       await client.query(`listen asyncproc_events; listen ${PROGRESS_CHANNEL}`);

@@ -1,5 +1,5 @@
 import pg from 'pg';
-import { toError, type ExecutionStatus } from '../../engine.js';
+import { isTerminal, toError, type ExecutionStatus } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 
@@ -15,7 +15,8 @@ const MAX_PAYLOAD = 7000;
  * sent is sent again (other instances hear it at once rather than at their next read),
  * and a connection that stops answering is given up after a timeout, not waited on.
  * Listeners of this process are told at once (`local`): they read the feed without waiting
- * for the NOTIFY's round trip and its delivery back to them.
+ * for the NOTIFY's round trip and its delivery back to them, and ignore it when it comes
+ * back (`sentBy`).
  */
 export class Notifier {
   private client: pg.Client | null = null;
@@ -24,8 +25,8 @@ export class Notifier {
   private wakes = new Set<string>();
   private sending = false;
   private closed = false;
-  /** This process's listeners: told of every event as it is queued (each then reads the feed). */
-  readonly local = new Set<() => void>();
+  /** This process's listeners: told of every event as it is queued, and whether it ended its execution. */
+  readonly local = new Set<(own: { terminal: boolean }) => void>();
 
   constructor(
     private readonly connectionString: string,
@@ -37,7 +38,16 @@ export class Notifier {
   event(executionId: string, seq: string, status: ExecutionStatus): void {
     this.events.push(`${executionId}:${seq}:${status}`);
     this.kick();
-    for (const heard of this.local) heard();
+    const own = { terminal: isTerminal(status) };
+    for (const heard of this.local) heard(own);
+  }
+
+  /**
+   * Whether a notification came from this notifier's session (its backend pid): this process
+   * heard it already, from `local` or its own wake, when the NOTIFY was queued.
+   */
+  sentBy(processId: number): boolean {
+    return (this.client as { processID?: number } | null)?.processID === processId;
   }
 
   wake(queue: string): void {
