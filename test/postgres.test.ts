@@ -8,6 +8,8 @@ import pg from 'pg';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
+import { CompletionHub } from '../src/completionHub.js';
+import { silentLogger } from '../src/logger.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
 let cluster: TestCluster;
@@ -105,9 +107,16 @@ describe('the change feed', () => {
     assert.ok(!rows.some((r) => r.tgname === 'executions_stamp_change'));
   });
 
-  it("this process's listeners hear its own commits at once, not when their NOTIFY comes back", async () => {
+  it("this process's listeners hear its own commits at once, not when their NOTIFY comes back, and whether they ended their call", async () => {
     let heard = 0;
-    const listener = await engine.startListener({ onChange: () => heard++, onError: () => undefined });
+    const hints: (boolean | undefined)[] = [];
+    const listener = await engine.startListener({
+      onChange: (own) => {
+        heard++;
+        hints.push(own?.terminal);
+      },
+      onError: () => undefined,
+    });
     try {
       // quiet first: no notification of earlier work is still on its way
       for (let seen = -1; seen !== heard; ) {
@@ -115,15 +124,65 @@ describe('the change feed', () => {
         await new Promise((resolve) => setTimeout(resolve, 300));
       }
       heard = 0;
-      await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
+      hints.length = 0;
+      const [{ token }] = await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
       // the continuation of the submit runs before any I/O: only the in-process path can have told the listener
       assert.ok(heard >= 1, 'the listener was told before the NOTIFY could come back');
+      assert.deepEqual(hints, [false], 'a submit does not end its call');
+      await waitFor(async () => (await engine.getExecution(token))?.status === 'SUCCEEDED' || null);
+      await new Promise((resolve) => setTimeout(resolve, 300)); // the NOTIFYs come back meanwhile
+      // the claim (not an end), the end; the NOTIFYs of this process's own commits are not heard again
+      assert.deepEqual(hints, [false, false, true]);
       await listener.close();
       const after = heard;
       await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
       assert.equal(heard, after, 'a closed listener is told nothing');
     } finally {
       await listener.close();
+    }
+  });
+});
+
+describe('the completion hub on this process\'s own changes', () => {
+  it('reads the feed for its own change only when a stream or an end needs it', async () => {
+    let reads = 0;
+    // the engine itself, its reads of the feed counted
+    const counted = Object.create(engine) as PostgresEngine;
+    counted.readChanges = (...args) => (reads++, engine.readChanges(...args));
+    counted.currentPosition = () => (reads++, engine.currentPosition());
+    const hub = new CompletionHub(counted, silentLogger, { pollMs: 600_000 });
+    await hub.start();
+    const listener = await engine.startListener(hub);
+    const quiet = async () => {
+      for (let seen = -1; seen !== reads; ) {
+        seen = reads;
+        await new Promise((resolve) => setTimeout(resolve, 300));
+      }
+    };
+    const runOne = async () => {
+      await quiet();
+      const before = reads;
+      const [{ token }] = await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
+      await waitFor(async () => (await engine.getExecution(token))?.status === 'SUCCEEDED' || null);
+      await quiet();
+      return reads - before;
+    };
+    try {
+      // nobody listens for a submit or a claim: the end alone is read
+      assert.equal(await runOne(), 1);
+      // a stream hands out every change: the submit, the claim and the end are read as they come
+      // (a read finds each row as it is then: a claim that came first hides the PENDING)
+      const stream = hub.events({}, null);
+      const statuses: string[] = [];
+      const taking = (async () => {
+        for await (const event of stream) if (statuses.push(event.status) && event.status === 'SUCCEEDED') break;
+      })();
+      assert.ok((await runOne()) >= 2);
+      await taking;
+      assert.equal(statuses.at(-1), 'SUCCEEDED');
+    } finally {
+      await listener.close();
+      await hub.close();
     }
   });
 });
