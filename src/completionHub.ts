@@ -128,6 +128,8 @@ export interface CompletionHubOptions {
 export class CompletionHub implements ListenerSink, Closeable {
   /** Execution id → watchers of its changes. */
   private readonly watchers = new Map<string, Set<(execution: Execution) => void>>();
+  /** Execution token → watchers of its changes (a watch that begins before the execution is read). */
+  private readonly tokenWatchers = new Map<string, Set<(execution: Execution) => void>>();
   private readonly streams = new Set<EventStream>();
   /** Execution id → progress streams to tell that a report was stored. */
   private readonly progressWatchers = new Map<string, Set<() => void>>();
@@ -196,7 +198,7 @@ export class CompletionHub implements ListenerSink, Closeable {
   }
 
   private get interested(): boolean {
-    return this.streams.size > 0 || this.watchers.size > 0 || (this.observer.wantsChanges?.() ?? false);
+    return this.streams.size > 0 || this.watchers.size > 0 || this.tokenWatchers.size > 0 || (this.observer.wantsChanges?.() ?? false);
   }
 
   /** Read what changed since the position, hand it out, move the position; again while asked. */
@@ -235,6 +237,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     for (const change of batch.changes) {
       if (isTerminal(change.execution.status)) this.logFinished(change.execution);
       this.watchers.get(change.execution.id)?.forEach((watch) => watch(change.execution));
+      this.tokenWatchers.get(change.execution.token)?.forEach((watch) => watch(change.execution));
     }
     this.observer.onChanges?.(batch.changes);
     for (const stream of this.streams) stream.receive(batch);
@@ -258,6 +261,7 @@ export class CompletionHub implements ListenerSink, Closeable {
   get size(): number {
     let watched = 0;
     for (const set of this.watchers.values()) watched += set.size;
+    for (const set of this.tokenWatchers.values()) watched += set.size;
     for (const set of this.progressWatchers.values()) watched += set.size;
     return watched + this.streams.size;
   }
@@ -268,16 +272,37 @@ export class CompletionHub implements ListenerSink, Closeable {
    * and for one `visible` refuses (so a caller cannot tell another's token from none).
    */
   async completed(token: string, visible: (execution: Execution) => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
-    const first = await this.engine.getExecution(token);
-    if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
-    return this.once({
-      executionIds: [first.id],
-      first,
-      read: () => this.engine.getExecution(token),
-      ended: (execution) => isTerminal(execution.status),
-      // the listener loaded the row: no need to read it again
-      onChange: (execution) => execution,
-    });
+    // The watch begins before the one read of the row: an end that read does not see comes
+    // through the watch (the feed hands out whatever its position did not see when the watch
+    // began). What it hears before the row was found and `visible` allowed it waits for that.
+    const queue = new EventQueue<Execution>();
+    let allowed = false;
+    let early: Execution | null = null;
+    const finish = (execution: Execution) => {
+      if (queue.isClosed || !isTerminal(execution.status)) return;
+      this.observer.onDelivered?.(1);
+      queue.push(execution);
+      queue.end();
+    };
+    // the listener loaded the row: no need to read it again
+    const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers);
+    let first: Execution | null;
+    try {
+      first = await this.engine.getExecution(token);
+    } catch (error) {
+      unwatch();
+      throw error;
+    }
+    if (!first || !visible(first)) {
+      unwatch();
+      throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
+    }
+    allowed = true;
+    // the value was taken, or the subscriber left
+    void queue.closed.then(unwatch);
+    finish(first);
+    if (early) finish(early);
+    return queue;
   }
 
   /**
@@ -391,19 +416,19 @@ export class CompletionHub implements ListenerSink, Closeable {
     return queue;
   }
 
-  /** Call `watcher` with each change of these executions. */
-  private watch(executionIds: readonly string[], watcher: (execution: Execution) => void): () => void {
+  /** Call `watcher` with each change of these executions (by id, or in `by` by token). */
+  private watch(keys: readonly string[], watcher: (execution: Execution) => void, by = this.watchers): () => void {
     this.epoch++;
-    for (const id of executionIds) {
-      let set = this.watchers.get(id);
-      if (!set) this.watchers.set(id, (set = new Set()));
+    for (const key of keys) {
+      let set = by.get(key);
+      if (!set) by.set(key, (set = new Set()));
       set.add(watcher);
     }
     return () => {
-      for (const id of executionIds) {
-        const set = this.watchers.get(id);
+      for (const key of keys) {
+        const set = by.get(key);
         set?.delete(watcher);
-        if (set && !set.size) this.watchers.delete(id);
+        if (set && !set.size) by.delete(key);
       }
     };
   }

@@ -187,6 +187,45 @@ describe('the completion hub on this process\'s own changes', () => {
   });
 });
 
+describe('executionCompleted begun as its call ends', () => {
+  // the engine itself, whose read of the execution answers what it read only after the call has
+  // ended and the hub has read the end: the subscription's one read is older than the end
+  function staleReader(): PostgresEngine {
+    const stale = Object.create(engine) as PostgresEngine;
+    stale.getExecution = async (token) => {
+      const then = await engine.getExecution(token);
+      await waitFor(async () => (await engine.getExecution(token))?.status === 'SUCCEEDED' || null);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      return then;
+    };
+    return stale;
+  }
+
+  it('hears the end its read missed, once; a caller refused is told NOT_FOUND and leaves no watch', async () => {
+    const hub = new CompletionHub(staleReader(), silentLogger, { pollMs: 600_000 });
+    await hub.start();
+    const listener = await engine.startListener(hub);
+    try {
+      const [call] = await engine.submit([{ procedure: 'demo.sleep', arguments: { seconds: 0.3 } }]);
+      const values: string[] = [];
+      const ending = (async () => {
+        for await (const execution of await hub.completed(call.token)) values.push(execution.status);
+      })();
+      const timeout = new Promise((_, reject) => setTimeout(() => reject(new Error(`no end heard (${values.join()})`)), 10_000));
+      await Promise.race([ending, timeout]);
+      assert.deepEqual(values, ['SUCCEEDED']);
+      assert.equal(hub.size, 0, 'the watch ended with the subscription');
+
+      const [other] = await engine.submit([{ procedure: 'demo.sleep', arguments: { seconds: 0.3 } }]);
+      await assert.rejects(hub.completed(other.token, () => false), (e: any) => e.code === 'NOT_FOUND');
+      assert.equal(hub.size, 0, 'a refused subscription leaves no watch');
+    } finally {
+      await listener.close();
+      await hub.close();
+    }
+  });
+});
+
 describe('the SQL interface for backend services', () => {
   it('asyncproc.invoke enqueues inside the caller transaction and enforces the registry itself', async () => {
     await sql.query('begin');
