@@ -209,6 +209,34 @@ describe('grouped commits', () => {
     }
   });
 
+  it("a call that becomes ready while a group runs, older than the group's calls, still joins the group", async () => {
+    // claims inside a group start past its last call; finding nothing there, the group looks once
+    // more from the start, where a call released meanwhile (due, or a retry) sits with its older id
+    const queue = 'g_older';
+    await engine.configureQueue(queue, 1, { size: 10, maxMs: 5000 });
+    await sql.query('begin');
+    let older: string;
+    let slow: string;
+    try {
+      ({ token: older } = (await sql.query(`select asyncproc.invoke('demo.noop', '{}', $1, clock_timestamp() + interval '300 ms') as token`, [queue])).rows[0]);
+      ({ token: slow } = (await sql.query(`select asyncproc.invoke('demo.sleep', '{"seconds": 1}', $1) as token`, [queue])).rows[0]);
+      await sql.query('commit');
+    } catch (error) {
+      await sql.query('rollback');
+      throw error;
+    }
+    const activator = await engine.startActivator({ workerId: `grouped-${queue}`, queues: [queue] });
+    try {
+      const rows = await allEnded([older, slow]);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED' && r.attempts === 1));
+      const [first, second] = rows; // by id: the older call first
+      assert.equal(first.token, older);
+      assert.equal(first.xid, second.xid, 'the older call ran in the group of the slow one');
+    } finally {
+      await activator.close();
+    }
+  });
+
   it('a call with a timeout or a non-transactional one runs alone, with its own semantics', async () => {
     const { tokens, activator } = await serve('g_alone', 1, 100, 5000, [
       ['demo.record', { tag: 'alone-1' }],
