@@ -5,6 +5,8 @@
  * does (graphql-ws's lazy default would open one per call). Run as a child process (argv:
  * { url, n, warmup }), it answers { latencies } over IPC and exits.
  */
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
 import { INVOKE_NOOP, poster, tokenOf } from './httpPost.js';
@@ -32,7 +34,8 @@ export async function measureLatencies(url: string, n: number, warmup: number): 
   return latencies;
 }
 
-if (process.send && process.argv[2]) {
+// run as the child process (not when imported)
+if (process.send && process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
   const { url, n, warmup } = JSON.parse(process.argv[2]) as { url: string; n: number; warmup: number };
   const latencies = await measureLatencies(url, n, warmup);
   process.send({ latencies }, () => process.exit(0));
