@@ -305,12 +305,41 @@ describe('steering', () => {
     const { page, errors } = await open(t, '#/queues');
     const field = page.getByRole('spinbutton', { name: 'concurrency of tuned' });
     await field.fill('7');
-    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save' }).click();
+    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save', exact: true }).click();
     await waitFor(async () => (await gqlData(t, '{ queues { name concurrency } }')).queues.some((q: { name: string; concurrency: number }) => q.name === 'tuned' && q.concurrency === 7), 30_000, 'concurrency 7');
     await field.fill('0');
-    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save' }).click();
+    await page.locator('[data-queue="tuned"]').getByRole('button', { name: 'Save', exact: true }).click();
     // the browser refuses an out-of-range value before anything is sent
     assert.equal((await gqlData(t, '{ queues { name concurrency } }')).queues.find((q: { name: string }) => q.name === 'tuned').concurrency, 7);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it("an admin sets a queue's grouped commits; a value the server refuses shows its message and changes nothing", async () => {
+    await gqlData(t, 'mutation { configureQueue(input: { name: "grouped", concurrency: 3 }) { queue { name } } }');
+    const settings = async () =>
+      (await gqlData(t, '{ queues { name concurrency groupCommits { size maxMs } } }')).queues.find((q: { name: string }) => q.name === 'grouped');
+    const { page, errors } = await open(t, '#/queues');
+    const row = page.locator('[data-queue="grouped"]');
+    const size = row.getByRole('spinbutton', { name: 'grouped calls of grouped' });
+    const maxMs = row.getByRole('spinbutton', { name: 'group max ms of grouped' });
+    const save = row.getByRole('button', { name: 'Save grouped commits of grouped' });
+    assert.equal(await size.inputValue(), '1');
+    assert.equal(await maxMs.inputValue(), '50');
+    assert.ok(await save.isDisabled(), 'nothing to save yet');
+    await size.fill('20');
+    await maxMs.fill('75');
+    await save.click();
+    await waitFor(async () => (await settings()).groupCommits.size === 20, 30_000, 'grouped commits of 20 calls');
+    assert.deepEqual(await settings(), { name: 'grouped', concurrency: 3, groupCommits: { size: 20, maxMs: 75 } });
+    await waitFor(() => save.isDisabled(), 30_000, 'Save disabled once the page shows what was saved');
+    // out of the API's range (1–1000): the server's own message, in the row, and the queue as it was
+    for (const refused of ['0', '1001']) {
+      await size.fill(refused);
+      await save.click();
+      await shows(page, '[data-queue="grouped"] [data-setting="groupCommits"] .error-text', `groupCommits.size must be a whole number from 1 to 1000, not ${refused}`);
+      assert.deepEqual(await settings(), { name: 'grouped', concurrency: 3, groupCommits: { size: 20, maxMs: 75 } });
+    }
     assert.deepEqual(errors, []);
     await page.context().close();
   });
@@ -461,6 +490,7 @@ describe('signing in', () => {
   it('shows a plain caller no cancel button nor queue settings, and the server refuses them anyway', async () => {
     const admin = { authorization: `Bearer ${await jwt('ada', ['admin'])}` };
     const plain = `Bearer ${await jwt('paul')}`;
+    await gqlData(secured, 'mutation { configureQueue(input: { name: "grouped", concurrency: 2, groupCommits: { size: 20 } }) { queue { name } } }', {}, admin);
     const token = await invoke(secured, { procedure: 'demo.sleep', arguments: { seconds: 600 } }, admin);
     await waitFor(async () => (await statusOf(secured, token, admin)) === 'RUNNING', 30_000, 'the call running');
     try {
@@ -480,7 +510,9 @@ describe('signing in', () => {
       assert.equal(await page.getByRole('button', { name: 'Cancel' }).count(), 0);
       await page.goto(`${new URL(secured.url).origin}/dashboard/#/queues`);
       await page.locator('[data-queue="default"]').waitFor();
-      assert.equal(await page.locator('[data-queue] input').count(), 0, 'no concurrency field');
+      assert.equal(await page.locator('[data-queue] input').count(), 0, 'no concurrency nor grouping field');
+      await shows(page, '[data-queue="grouped"] [data-setting="groupCommits"]', /^20 calls \/ 50 ms$/);
+      await shows(page, '[data-queue="default"] [data-setting="groupCommits"]', /^off$/);
       await shows(page, 'main.page', 'Only admins');
       await page.context().close();
 

@@ -1,3 +1,4 @@
+import type { ComponentChildren } from 'preact';
 import { useState } from 'preact/hooks';
 import { ApiError, gql } from '../api';
 import { ErrorNote, Grid, Section } from '../components';
@@ -7,6 +8,7 @@ import { useStore } from '../store';
 export interface Queue {
   name: string;
   concurrency: number;
+  groupCommits: GroupCommits;
   waiting: number;
   pending: number;
   running: number;
@@ -14,19 +16,31 @@ export interface Queue {
   recent: { succeeded: number; failed: number; cancelled: number };
 }
 
-export const QUEUES = `{ queues { name concurrency waiting pending running recentSeconds recent { succeeded failed cancelled } } }`;
+/** Up to `size` short calls of the queue in one transaction, none joining a group older than `maxMs`; size 1: off. */
+export interface GroupCommits {
+  size: number;
+  maxMs: number;
+}
 
-/** The queues with their live counts; `edit` adds the admin's concurrency field. */
-export function QueueCounts({ queues, edit, onSaved }: { queues: Queue[]; edit?: boolean; onSaved?: () => void }) {
+export const QUEUES = `{ queues { name concurrency groupCommits { size maxMs } waiting pending running recentSeconds recent { succeeded failed cancelled } } }`;
+
+const grouping = ({ size, maxMs }: GroupCommits) => (size === 1 ? 'off' : `${size} calls / ${maxMs} ms`);
+
+/**
+ * The queues with their live counts; `settings` adds each queue's grouped commits, `edit` the admin's
+ * fields for the concurrency and the grouping.
+ */
+export function QueueCounts({ queues, settings, edit, onSaved }: { queues: Queue[]; settings?: boolean; edit?: boolean; onSaved?: () => void }) {
   if (!queues.length) return <p class="muted">No queues.</p>;
   return (
     <div class="scroll">
-      <Grid class="queues" head={['queue', ['concurrency', 'num'], ['waiting', 'num'], ['pending', 'num'], ['running', 'num'], [`ended (last ${Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)`, 'num']]}>
+      <Grid class="queues" head={['queue', ['concurrency', 'num'], ...(settings ? ['grouped commits'] : []), ['waiting', 'num'], ['pending', 'num'], ['running', 'num'], [`ended (last ${Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)`, 'num']]}>
         <tbody>
           {queues.map((q) => (
             <tr key={q.name} data-queue={q.name}>
               <th>{q.name}</th>
               <td class="num">{edit ? <Concurrency queue={q} onSaved={onSaved} /> : q.concurrency}</td>
+              {settings ? <td data-setting="groupCommits">{edit ? <Grouping queue={q} onSaved={onSaved} /> : grouping(q.groupCommits)}</td> : null}
               <td class="num" data-count="waiting">{q.waiting}</td>
               <td class="num" data-count="pending">{q.pending}</td>
               <td class="num" data-count="running">
@@ -50,21 +64,48 @@ export function QueueCounts({ queues, edit, onSaved }: { queues: Queue[]; edit?:
 
 const CONFIGURE = 'mutation Configure($input: ConfigureQueueInput!) { configureQueue(input: $input) { queue { name concurrency } } }';
 
-function Concurrency({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
-  const [value, setValue] = useState(String(queue.concurrency));
+/** An admin's form for one setting of a queue: Save once something changed; the server's refusal is shown in place. */
+function SettingForm({ unchanged, send, saveLabel, onSaved, children }: { unchanged: boolean; send: () => Promise<unknown>; saveLabel?: string; onSaved?: () => void; children: ComponentChildren }) {
   const [error, setError] = useState<ApiError | null>(null);
   const save = (event: Event) => {
     event.preventDefault();
-    gql(CONFIGURE, { input: { name: queue.name, concurrency: Number(value) } }).then(() => (setError(null), onSaved?.()), setError);
+    send().then(() => (setError(null), onSaved?.()), setError);
   };
   return (
-    <form class="inline" onSubmit={save}>
-      <input type="number" min={1} max={1000} required value={value} aria-label={`concurrency of ${queue.name}`} onInput={(e) => setValue(e.currentTarget.value)} />
-      <button type="submit" disabled={value === String(queue.concurrency)}>
-        Save
-      </button>
+    <form class="inline setting" onSubmit={save}>
+      <span class="fields">
+        {children}
+        <button type="submit" disabled={unchanged} aria-label={saveLabel}>
+          Save
+        </button>
+      </span>
       {error ? <span class="error-text">{error.message}</span> : null}
     </form>
+  );
+}
+
+function Concurrency({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
+  const [value, setValue] = useState(String(queue.concurrency));
+  return (
+    <SettingForm unchanged={value === String(queue.concurrency)} send={() => gql(CONFIGURE, { input: { name: queue.name, concurrency: Number(value) } })} onSaved={onSaved}>
+      <input type="number" min={1} max={1000} required value={value} aria-label={`concurrency of ${queue.name}`} onInput={(e) => setValue(e.currentTarget.value)} />
+    </SettingForm>
+  );
+}
+
+/** Sent with the queue's current concurrency. No min or max: the server judges, and says why (its limits; SQL Server refuses any grouping). */
+function Grouping({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
+  const [size, setSize] = useState(String(queue.groupCommits.size));
+  const [maxMs, setMaxMs] = useState(String(queue.groupCommits.maxMs));
+  const unchanged = size === String(queue.groupCommits.size) && maxMs === String(queue.groupCommits.maxMs);
+  const send = () => gql(CONFIGURE, { input: { name: queue.name, concurrency: queue.concurrency, groupCommits: { size: Number(size), maxMs: Number(maxMs) } } });
+  return (
+    <SettingForm unchanged={unchanged} send={send} saveLabel={`Save grouped commits of ${queue.name}`} onSaved={onSaved}>
+      <input type="number" required value={size} aria-label={`grouped calls of ${queue.name}`} onInput={(e) => setSize(e.currentTarget.value)} />
+      calls /
+      <input type="number" required value={maxMs} aria-label={`group max ms of ${queue.name}`} onInput={(e) => setMaxMs(e.currentTarget.value)} />
+      ms
+    </SettingForm>
   );
 }
 
@@ -82,8 +123,9 @@ export function Queues() {
     <div class="stack">
       <Section title="Queues">
         <ErrorNote error={queues.error} />
-        {queues.data ? <QueueCounts queues={queues.data.queues} edit={caps?.admin} onSaved={queues.reload} /> : <p class="muted">Loading…</p>}
-        {caps?.admin ? null : <p class="muted">Only admins change a queue's concurrency.</p>}
+        {queues.data ? <QueueCounts queues={queues.data.queues} settings edit={caps?.admin} onSaved={queues.reload} /> : <p class="muted">Loading…</p>}
+        <p class="muted">Grouped commits: each worker of the queue runs up to that many short calls in one transaction, and none joins a group begun more than that many ms ago; off, each call commits alone. PostgreSQL only.</p>
+        {caps?.admin ? null : <p class="muted">Only admins change a queue's concurrency and grouped commits.</p>}
       </Section>
       {caps?.admin ? (
         <Section title="New queue">
