@@ -226,6 +226,65 @@ describe('executionCompleted begun as its call ends', () => {
   });
 });
 
+describe('single calls of separate requests share statements', () => {
+  const tagged = (tag: string): InvokeCall => ({ procedure: 'demo.record', arguments: { tag }, queue: 'coalesce_idle' });
+  const writers = async (tokens: string[]) =>
+    (await sql.query<{ xid: string }>(`select xid::text as xid from asyncproc.executions where token = any($1::uuid[])`, [tokens])).rows.map((r) => r.xid);
+  before(() => engine.configureQueue('coalesce_idle', 1));
+
+  it('calls that come while one is on its way go together, in one transaction', async () => {
+    const calls = Array.from({ length: 30 }, (_, i) => tagged(`together-${i}`));
+    const executions = await Promise.all(calls.map((c) => engine.submit([c]).then(([e]) => e)));
+    const tokens = executions.map((e) => e.token);
+    assert.equal(new Set(tokens).size, 30);
+    const xids = await writers(tokens);
+    assert.equal(xids.length, 30, 'each call is in once');
+    assert.ok(new Set(xids).size < 10, `30 calls in ${new Set(xids).size} transactions`);
+  });
+
+  it("one caller's bad call fails that caller only; every other call is in exactly once", async () => {
+    const calls: InvokeCall[] = Array.from({ length: 20 }, (_, i) => tagged(`mixed-${i}`));
+    calls.splice(7, 0, { procedure: 'demo.nope', arguments: {} });
+    calls.splice(13, 0, { procedure: 'demo.record', arguments: { tag: 'mixed-bad', extra: 1 }, queue: 'coalesce_idle' });
+    const outcomes = await Promise.allSettled(calls.map((c) => engine.submit([c]).then(([e]) => e)));
+    const codes = outcomes.map((o) => (o.status === 'rejected' ? (o.reason as { code?: string }).code : 'ok'));
+    assert.equal(codes[7], 'UNKNOWN_PROCEDURE');
+    assert.equal(codes[13], 'INVALID_ARGUMENTS');
+    assert.equal(codes.filter((c) => c === 'ok').length, 20);
+    const tokens = outcomes.flatMap((o) => (o.status === 'fulfilled' ? [o.value.token] : []));
+    assert.equal((await writers(tokens)).length, 20);
+    const { rows } = await sql.query(`select count(*)::int as n from asyncproc.executions where arguments ->> 'tag' like 'mixed-%'`);
+    assert.equal(rows[0].n, 20, 'no call twice, the bad ones never');
+  });
+
+  it('a statement whose connection is lost fails its own calls, sends none of them again, and the calls behind it go on', async () => {
+    const locker = await cluster.connect(url);
+    try {
+      await locker.query('begin');
+      await locker.query('lock table asyncproc.procedures in access exclusive mode');
+      const first = engine.submit([tagged('lost-first')]);
+      const behind = ['lost-2', 'lost-3', 'lost-4'].map((tag) => engine.submit([tagged(tag)]));
+      const pid = await waitFor(async () => {
+        const { rows } = await sql.query(
+          `select pid from pg_stat_activity where wait_event_type = 'Lock' and query like '%asyncproc.submit(%' and pid <> pg_backend_pid()`,
+        );
+        return rows.length === 1 ? (rows[0].pid as number) : null;
+      }, 10_000, 'the first statement to wait for the lock');
+      await sql.query('select pg_terminate_backend($1)', [pid]);
+      await assert.rejects(first, (e: { code?: string }) => e.code === '57P01');
+      await locker.query('commit');
+      const executions = (await Promise.all(behind)).map(([e]) => e);
+      assert.equal(new Set(await writers(executions.map((e) => e.token))).size, 1, 'the three behind it went in one statement');
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const { rows } = await sql.query(`select arguments ->> 'tag' as tag from asyncproc.executions where arguments ->> 'tag' like 'lost-%' order by 1`);
+      assert.deepEqual(rows.map((r) => r.tag), ['lost-2', 'lost-3', 'lost-4'], 'the lost one was not sent again');
+    } finally {
+      await locker.query('rollback').catch(() => undefined);
+      await locker.end();
+    }
+  });
+});
+
 describe('the SQL interface for backend services', () => {
   it('asyncproc.invoke enqueues inside the caller transaction and enforces the registry itself', async () => {
     await sql.query('begin');

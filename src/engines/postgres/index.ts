@@ -24,7 +24,7 @@ import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
 import { connectionConfig } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
-import { invoke, submitMany } from './invoke.js';
+import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate, schemaVersion } from './migrator.js';
@@ -72,6 +72,7 @@ type OwnTransaction = pg.PoolClient & { [SUBMITTED]?: Execution[] };
 export class PostgresEngine implements Engine<PostgresTransaction> {
   readonly kind = 'postgres' as const;
   readonly pool: pg.Pool;
+  private readonly coalescer: SubmitCoalescer;
   private readonly logger: Logger;
   private readonly closeables = new Closeables();
   private readonly notifier: Notifier;
@@ -87,6 +88,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     });
     this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
     this.notifier = new Notifier(options.connectionString, this.logger);
+    this.coalescer = new SubmitCoalescer(this.pool);
     this.progress = new ProgressRelay(this.pool, this.logger);
   }
 
@@ -140,7 +142,8 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
 
   async submit(calls: readonly InvokeCall[]): Promise<Execution[]> {
     if (!calls.length) return [];
-    const executions = await submitMany(this.pool, calls);
+    // a single call may share a statement with other requests' (SubmitCoalescer); several are all or none
+    const executions = calls.length === 1 ? [await this.coalescer.submit(calls[0])] : await submitMany(this.pool, calls);
     this.announce(executions);
     return executions;
   }

@@ -57,23 +57,101 @@ export function callsAsJson(calls: readonly InvokeCall[]): InvokeCall[] {
 export async function submitMany(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<Execution[]> {
   for (const call of calls) checkArguments(call);
   try {
-    if (calls.length === 1) {
-      const { rows } = await pool.query<ExecutionRow>({ name: 'asyncproc-submit', text: SUBMIT_ONE, values: submitValues(calls[0], true) });
-      return [toExecution(rows[0])];
-    }
-    const { rows } = await pool.query<ExecutionRow>({
-      name: 'asyncproc-submit-many',
-      text: `select ${EXECUTION_COLUMNS}
-         from jsonb_array_elements($1::jsonb) with ordinality c (call, n),
-              lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
-                                       (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
-                                       c.call ->> 'submittedBy', true,
-                                       caller_roles => asyncproc.text_array(c.call -> 'callerRoles')) e
-        order by c.n`,
-      values: [JSON.stringify(callsAsJson(calls))],
-    });
-    return rows.map(toExecution);
+    return await submitRows(pool, calls);
   } catch (error) {
     throw mapDatabaseError(error);
+  }
+}
+
+/** submitMany's statement, its errors as the database raised them. */
+async function submitRows(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<Execution[]> {
+  if (calls.length === 1) {
+    const { rows } = await pool.query<ExecutionRow>({ name: 'asyncproc-submit', text: SUBMIT_ONE, values: submitValues(calls[0], true) });
+    return [toExecution(rows[0])];
+  }
+  const { rows } = await pool.query<ExecutionRow>({
+    name: 'asyncproc-submit-many',
+    text: `select ${EXECUTION_COLUMNS}
+       from jsonb_array_elements($1::jsonb) with ordinality c (call, n),
+            lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
+                                     (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
+                                     c.call ->> 'submittedBy', true,
+                                     caller_roles => asyncproc.text_array(c.call -> 'callerRoles')) e
+      order by c.n`,
+    values: [JSON.stringify(callsAsJson(calls))],
+  });
+  return rows.map(toExecution);
+}
+
+/**
+ * SQLSTATE classes of errors after which the statement certainly did not commit: the server
+ * answered with an error, so the statement's own transaction rolled back. Not so for a lost
+ * connection (class 08, or none) or a server shutting down (57P): a commit may have happened.
+ */
+function rolledBack(error: unknown): boolean {
+  const code = (error as { code?: unknown })?.code;
+  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) && !code.startsWith('08') && !code.startsWith('57P');
+}
+
+interface Waiting {
+  call: InvokeCall;
+  resolve: (execution: Execution) => void;
+  reject: (error: unknown) => void;
+}
+
+/**
+ * Single calls of separate requests (each its own `invoke`) share statements: while `maxInFlight`
+ * submits are on their way, the calls that come meanwhile wait and then go together, as one
+ * statement and one commit (one round trip and one WAL flush instead of one each). A call that
+ * finds a free slot goes at once, alone: nothing waits for company. If such a shared statement
+ * fails, the database rolled it back whole (see rolledBack): each of its calls is then submitted
+ * again alone, so one caller's bad call fails that caller only, and every other call commits
+ * exactly once. A lost connection fails every call of the statement, as it would fail each
+ * alone (whether it committed is unknown, so nothing is sent again).
+ */
+export class SubmitCoalescer {
+  private readonly waiting: Waiting[] = [];
+  private inFlight = 0;
+
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly maxInFlight = 1,
+    /** Calls per shared statement at most. */
+    private readonly maxShared = 64,
+  ) {}
+
+  submit(call: InvokeCall): Promise<Execution> {
+    checkArguments(call);
+    return new Promise((resolve, reject) => {
+      this.waiting.push({ call, resolve, reject });
+      this.pump();
+    });
+  }
+
+  private pump(): void {
+    while (this.inFlight < this.maxInFlight && this.waiting.length) {
+      const calls = this.waiting.splice(0, this.maxShared);
+      this.inFlight++;
+      void this.send(calls).finally(() => {
+        this.inFlight--;
+        this.pump();
+      });
+    }
+  }
+
+  private async send(calls: Waiting[]): Promise<void> {
+    try {
+      const executions = await submitRows(this.pool, calls.map((w) => w.call));
+      calls.forEach((w, i) => w.resolve(executions[i]));
+    } catch (error) {
+      if (calls.length === 1 || !rolledBack(error)) {
+        for (const w of calls) w.reject(mapDatabaseError(error));
+        return;
+      }
+      // which call failed is not known: each alone, at once (the slot is held meanwhile)
+      await Promise.all(
+        calls.map((w) => submitRows(this.pool, [w.call]).then(([execution]) => w.resolve(execution), (e: unknown) => w.reject(mapDatabaseError(e)))),
+      );
+    }
   }
 }
