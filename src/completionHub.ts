@@ -114,7 +114,7 @@ export interface CompletionHubOptions {
    * ends: a worker writes a call's last report up to its throttle interval (250 ms) late. @default 500
    */
   progressSettleMs?: number;
-  /** Feed changes one event stream may have waiting for its subscriber before it ends with SLOW_CONSUMER. @default 20000 */
+  /** Feed changes one event stream may still have waiting for its subscriber when the next read comes; more, and it ends with SLOW_CONSUMER. @default 20000 */
   maxQueued?: number;
 }
 
@@ -286,13 +286,15 @@ export class CompletionHub implements ListenerSink, Closeable {
     };
     // the listener loaded the row: no need to read it again
     const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers);
-    let first: Execution | null;
-    try {
-      first = await this.engine.getExecution(token);
-    } catch (error) {
+    // tried until it succeeds (a database restarting meanwhile delays the subscription, never fails it)
+    const found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => false);
+    if (!found) {
+      // the hub is closing (the service stops, and closes the subscribers' connections)
       unwatch();
-      throw error;
+      queue.end();
+      return queue;
     }
+    const first = found.row;
     if (!first || !visible(first)) {
       unwatch();
       throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
@@ -473,12 +475,18 @@ export class CompletionHub implements ListenerSink, Closeable {
     let bufferedChanges = 0;
     const stream: EventStream = {
       receive: (batch) => {
+        // The feed is shared: a subscriber that does not take its events is stopped, never waited
+        // for. It is one still holding more than the bound when the next read comes: a read hands
+        // out a page at once (up to FEED_PAGE changes), more than a bound below a page, which a
+        // subscriber that keeps up takes before the next one. It holds at most the bound and a page.
+        if (queue.length + bufferedChanges > maxQueued) {
+          queue.end(slowConsumer(maxQueued));
+          return;
+        }
         if (buffered) {
           buffered.push(batch);
           bufferedChanges += batch.changes.length;
         } else emit(batch, this.sharedEvents(batch, covered));
-        // the feed is shared: a subscriber that does not take its events is stopped, never waited for
-        if (queue.length + bufferedChanges > maxQueued) queue.end(slowConsumer(maxQueued));
       },
     };
     this.streams.add(stream);

@@ -285,6 +285,65 @@ describe('single calls of separate requests share statements', () => {
   });
 });
 
+describe('subscribers in step with a read of the feed', () => {
+  it('an event stream that takes each read before the next is never stopped, whatever a read hands out at once', async () => {
+    const hub = new CompletionHub(engine, silentLogger, { pollMs: 600_000, maxQueued: 50 });
+    await hub.start();
+    const listener = await engine.startListener(hub);
+    try {
+      const stream = hub.events({ procedure: 'demo.add' }, null);
+      await waitFor(async () => hub.size === 1 || null, 5000, 'the stream to join');
+      // 300 calls in one transaction: one read hands out 300 changes at once, six times the bound
+      const tokens = (await engine.submit(Array.from({ length: 300 }, () => ({ procedure: 'demo.add', arguments: { a: 1, b: 2 } })))).map((e) => e.token);
+      const ended = new Set<string>();
+      for await (const event of stream) {
+        if (event.status === 'SUCCEEDED') ended.add(event.execution.token);
+        if (ended.size === tokens.length) break;
+      }
+      assert.equal(ended.size, 300);
+    } finally {
+      await listener.close();
+      await hub.close();
+    }
+  });
+});
+
+describe('executionCompleted begun while the database cannot be reached', () => {
+  it('waits for the database rather than fail, then hears the end once', async () => {
+    const dbUrl = await cluster.createDatabase();
+    const name = new URL(dbUrl).pathname.slice(1);
+    const own = createPostgresEngine({ connectionString: dbUrl });
+    await own.migrate();
+    await own.installDemo();
+    const workers = await own.startActivator({ workerId: 'outage' });
+    const hub = new CompletionHub(own, silentLogger);
+    await hub.start();
+    const listener = await own.startListener(hub);
+    try {
+      const [{ token }] = await own.submit([{ procedure: 'demo.sleep', arguments: { seconds: 0.3 } }]);
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections false`);
+      await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = $1`, [name]);
+      const values: string[] = [];
+      const hearing = (async () => {
+        for await (const execution of await hub.completed(token)) values.push(execution.status);
+      })();
+      let failed: unknown = null;
+      hearing.catch((error) => (failed = error));
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      assert.equal(failed, null, 'the subscription did not fail while the database was out of reach');
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await hearing;
+      assert.deepEqual(values, ['SUCCEEDED']);
+    } finally {
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await listener.close();
+      await hub.close();
+      await workers.close();
+      await own.close();
+    }
+  });
+});
+
 describe('the SQL interface for backend services', () => {
   it('asyncproc.invoke enqueues inside the caller transaction and enforces the registry itself', async () => {
     await sql.query('begin');
