@@ -70,7 +70,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (error: unknown) => void): () => Promise<void> {
   let reading: Promise<void> | null = null;
   let again = false;
-  return () => {
+  const trigger = (): Promise<void> => {
     if (reading) {
       again = true;
       return reading;
@@ -83,8 +83,13 @@ function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (er
     };
     return (reading = loop()
       .catch(onError)
-      .finally(() => (reading = null)));
+      .finally(() => {
+        reading = null;
+        // a trigger after the loop's last look at `again` runs it once more
+        if (again && !done()) void trigger();
+      }));
   };
+  return trigger;
 }
 
 /** What the hub tells an observer (the service's metrics). Called on the feed's path: keep each call cheap. */
@@ -176,7 +181,12 @@ export class CompletionHub implements ListenerSink, Closeable {
       this.again = true;
       return;
     }
-    this.reading = this.readFeed().finally(() => (this.reading = null));
+    this.reading = this.readFeed().finally(() => {
+      this.reading = null;
+      // a change heard after the read's last look at `again` (a continuation that ran between
+      // its end and this callback) is read now, not at the next poll
+      if (this.again) this.onChange();
+    });
   }
 
   onProgress(executionId: string): void {

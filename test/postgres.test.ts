@@ -285,6 +285,49 @@ describe('single calls of separate requests share statements', () => {
   });
 });
 
+describe('a change heard as a read of the feed ends', () => {
+  it('is read then, whatever moment of the read\'s ending it falls on, not at the next poll', async () => {
+    let reads = 0;
+    let hintAt: number | null = null;
+    let armedDepth: number | null = null;
+    const counted = Object.create(engine) as PostgresEngine;
+    counted.readChanges = (...args) => {
+      reads++;
+      return engine.readChanges(...args).then((page) => {
+        if (armedDepth !== null) {
+          // a change heard `depth` continuations after this read's page came back
+          let later = Promise.resolve();
+          for (let i = 0; i < armedDepth; i++) later = later.then(() => undefined);
+          void later.then(() => {
+            hintAt = reads;
+            hub.onChange();
+          });
+          armedDepth = null;
+        }
+        return page;
+      });
+    };
+    counted.currentPosition = () => engine.currentPosition();
+    const hub = new CompletionHub(counted, silentLogger, { pollMs: 600_000 });
+    await hub.start();
+    // a stream: every hint is read
+    const stream = hub.events({ procedure: 'demo.nothing' }, null);
+    await waitFor(async () => hub.size === 1 || null, 5000, 'the stream to join');
+    try {
+      for (let depth = 0; depth < 16; depth++) {
+        hintAt = null;
+        armedDepth = depth;
+        hub.onChange();
+        await waitFor(async () => hintAt !== null || null, 5000, 'the hint');
+        await waitFor(async () => reads > hintAt! || null, 3000, `a read after a hint ${depth} continuations after a read`);
+      }
+    } finally {
+      await stream.return?.();
+      await hub.close();
+    }
+  });
+});
+
 describe('subscribers in step with a read of the feed', () => {
   it('an event stream that takes each read before the next is never stopped, whatever a read hands out at once', async () => {
     const hub = new CompletionHub(engine, silentLogger, { pollMs: 600_000, maxQueued: 50 });
