@@ -9,6 +9,7 @@ import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
 import { CompletionHub } from '../src/completionHub.js';
+import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 
@@ -281,6 +282,43 @@ describe('single calls of separate requests share statements', () => {
     } finally {
       await locker.query('rollback').catch(() => undefined);
       await locker.end();
+    }
+  });
+});
+
+describe('a read of the change feed', () => {
+  it('visits what the position does not see, never the history before it (with or without table statistics)', async () => {
+    const dbUrl = await cluster.createDatabase();
+    const own = createPostgresEngine({ connectionString: dbUrl });
+    const db = await cluster.connect(dbUrl);
+    try {
+      await own.migrate();
+      await own.installDemo();
+      for (let i = 0; i < 5; i++) await own.submit(Array.from({ length: 1000 }, () => ({ procedure: 'demo.noop', arguments: {} })));
+      const since = await own.currentPosition();
+      const fresh = await own.submit(Array.from({ length: 3 }, () => ({ procedure: 'demo.noop', arguments: {} })));
+      for (const statistics of [false, true]) {
+        if (statistics) await db.query('analyze asyncproc.executions');
+        // the statement the engine sends, run again under EXPLAIN ANALYZE
+        let sent: { text: string; values: unknown[] } | null = null;
+        const recorder = { query: (text: string, values: unknown[]) => ((sent = { text, values }), own.pool.query(text, values)) } as unknown as pg.Pool;
+        const page = await readChanges(recorder, since, { limit: 1000 });
+        assert.deepEqual(page.changes.map((c) => c.execution.token).sort(), fresh.map((e) => e.token).sort());
+        const { rows } = await db.query(`explain (analyze, format json) ${sent!.text}`, sent!.values);
+        const nodes: Record<string, unknown>[] = [];
+        const walk = (node: Record<string, unknown>) => {
+          nodes.push(node);
+          for (const child of (node.Plans as Record<string, unknown>[] | undefined) ?? []) walk(child);
+        };
+        walk(rows[0]['QUERY PLAN'][0].Plan);
+        const onExecutions = nodes.filter((n) => n['Relation Name'] === 'executions');
+        assert.ok(onExecutions.every((n) => n['Node Type'] !== 'Seq Scan'), `statistics ${statistics}: ${onExecutions.map((n) => n['Node Type']).join(', ')}`);
+        const visited = onExecutions.reduce((sum, n) => sum + Number(n['Actual Rows'] ?? 0) + Number(n['Rows Removed by Filter'] ?? 0) + Number(n['Rows Removed by Index Recheck'] ?? 0), 0);
+        assert.ok(visited <= 10, `statistics ${statistics}: ${visited} rows visited for 3 changes past 5,000`);
+      }
+    } finally {
+      await db.end();
+      await own.close();
     }
   });
 });
