@@ -15,10 +15,11 @@ import { collect, startTestApp, type TestApp } from './support/app.js';
 let db: DemoDatabase;
 let t: TestApp;
 /**
- * Changes a stream may hold for its subscriber: well under the 1,800 changes the stalled one is sent,
- * and room for the healthy ones, which share this process's core with the server and parse ~8 KB an event.
+ * Changes a stream may hold for its subscriber: well under the 2,700 changes the stalled one is sent,
+ * and room for the healthy ones, which share this process's core with the server and parse ~8 KB an
+ * event (at 600, one of them fell that far behind twice in full-suite runs on a loaded machine).
  */
-const QUEUE = 600;
+const QUEUE = 1000;
 
 before(async () => {
   db = await startDemoDatabase();
@@ -91,8 +92,8 @@ describe('a stalled executionEvents subscriber', () => {
     // the stalled client stops reading: what the server sends it piles up in the kernel, then in the server
     stalled.tcp.pause();
 
-    // each event carries ~8 KB of arguments: 600 calls × 3 events is far more than the kernel's socket buffers
-    const total = 600;
+    // each event carries ~8 KB of arguments: 900 calls × 3 events is far more than the kernel's socket buffers
+    const total = 900;
     const tokens: string[] = [];
     const tag = 'x'.repeat(8000);
     for (let n = 0; n < total; n += 50) {
