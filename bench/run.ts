@@ -9,7 +9,8 @@
  *   concurrency    drain at concurrency 1, 10, 50, 100
  *   scale-out      drain by 1, 2 and 4 `worker` processes (the CLI, children of the bench), the database's CPU per call
  *   growth         drain and submit → start latency with BENCH_HISTORY finished executions in history,
- *                  and with BENCH_QUEUES queues holding pending work, against an empty database
+ *                  and with BENCH_QUEUES queues holding pending work, against an empty database; and
+ *                  mutation response → executionCompleted with the history (each event is a read of the feed)
  *   invoke         GraphQL `invoke` mutations/s from 10 HTTP clients in a separate process, the service without its worker
  *                  pool (enqueue only) and as deployed — pg-boss `send` from 10 callers
  *   latency        mutation response → executionCompleted (graphql-ws), LATENCY sequential calls —
@@ -145,7 +146,7 @@ const PARTS: Record<string, Part> = {
     });
   },
   growth: async (db, targets) => {
-    section(`growth: drain (${DRAIN} calls) and submit → start latency (${CLAIMS} single calls) with ${HISTORY.toLocaleString('en')} finished executions in history, and with ${QUEUES} queues holding ${PER_QUEUE} pending calls each`);
+    section(`growth: drain (${DRAIN} calls) and submit → start latency (${CLAIMS} single calls) with ${HISTORY.toLocaleString('en')} finished executions in history, and with ${QUEUES} queues holding ${PER_QUEUE} pending calls each; mutation response → executionCompleted (${LATENCY} calls) with the history`);
     const growthDbs = { empty: await db('bench_empty'), history: await db('bench_history'), queues: await db('bench_queues') };
     let t0 = performance.now();
     await seedHistory(growthDbs.history, HISTORY);
@@ -157,17 +158,30 @@ const PARTS: Record<string, Part> = {
     const growth = await rounds(
       'growth',
       async () => {
-        const round = {} as Record<(typeof kinds)[number], { drain: Drain; claims: number[] }>;
+        const round = {} as Record<(typeof kinds)[number], { drain: Drain; claims: number[]; completions?: number[] }>;
         for (const kind of kinds) round[kind] = { drain: await drainAsyncproc(growthDbs[kind]), claims: await claimLatencies(growthDbs[kind], CLAIMS) };
+        // every subscriber's event is a read of the change feed: it must not grow with the history (the
+        // queues' database is left out: its pending calls are for no worker, and a service would run them)
+        for (const kind of ['empty', 'history'] as const) {
+          const service = await startService(growthDbs[kind]);
+          round[kind].completions = await completionLatencies(service.endpoint, LATENCY).finally(() => service.stop());
+        }
         return round;
       },
-      (r) => kinds.map((k) => `${k} ${r[k].drain.rate.toFixed(0)}/s, start p50 ${percentile(r[k].claims, 50).toFixed(2)} ms`).join(' | '),
+      (r) => kinds.map((k) => `${k} ${r[k].drain.rate.toFixed(0)}/s, start p50 ${percentile(r[k].claims, 50).toFixed(2)} ms${r[k].completions ? `, completion p50 ${percentile(r[k].completions!, 50).toFixed(2)} ms` : ''}`).join(' | '),
     );
     for (const kind of kinds) {
       const p50s = growth.map((r) => percentile(r[kind].claims, 50));
       const p99s = growth.map((r) => percentile(r[kind].claims, 99));
       console.log(`  ${kind.padEnd(7)}: drain ${describeDrains(growth.map((r) => r[kind].drain))}; submit → start p50 ${spread(p50s, 2)} ms, p99 ${spread(p99s, 2)} ms`);
     }
+    const completionP50s = (kind: 'empty' | 'history') => growth.map((r) => percentile(r[kind].completions!, 50));
+    targets.push({
+      target: `mutation → executionCompleted p50 with ${HISTORY.toLocaleString('en')} finished in history: within 10%`,
+      ours: `${spread(completionP50s('history'), 2)} ms`,
+      peer: `empty ${spread(completionP50s('empty'), 2)} ms`,
+      ...ratioCell(growth.map((r) => percentile(r.history.completions!, 50) / percentile(r.empty.completions!, 50)), 1.1, 'at most'),
+    });
     for (const kind of ['history', 'queues'] as const) {
       const what = kind === 'history' ? `${HISTORY.toLocaleString('en')} finished in history` : `${QUEUES} queues holding pending work`;
       const drainRatios = growth.map((r) => r[kind].drain.rate / r.empty.drain.rate);
