@@ -67,7 +67,7 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
  * `read` as a trigger that runs it one at a time: a trigger while it runs makes it run once
  * more afterwards (not once per trigger), until `done`; the promise settles when it is quiet.
  */
-function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (error: unknown) => void): () => Promise<void> {
+export function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (error: unknown) => void): () => Promise<void> {
   let reading: Promise<void> | null = null;
   let again = false;
   const trigger = (): Promise<void> => {

@@ -8,7 +8,7 @@ import pg from 'pg';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
-import { CompletionHub } from '../src/completionHub.js';
+import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
@@ -362,6 +362,36 @@ describe('a change heard as a read of the feed ends', () => {
     } finally {
       await stream.return?.();
       await hub.close();
+    }
+  });
+
+  it("the same for a subscription's re-read of one row or report (untilQuiet)", async () => {
+    let reads = 0;
+    let hintAt: number | null = null;
+    let armedDepth: number | null = null;
+    const trigger = untilQuiet(
+      async () => {
+        reads++;
+        await new Promise((resolve) => setImmediate(resolve));
+        if (armedDepth !== null) {
+          let later = Promise.resolve();
+          for (let i = 0; i < armedDepth; i++) later = later.then(() => undefined);
+          void later.then(() => {
+            hintAt = reads;
+            void trigger();
+          });
+          armedDepth = null;
+        }
+      },
+      () => false,
+      () => undefined,
+    );
+    for (let depth = 0; depth < 16; depth++) {
+      hintAt = null;
+      armedDepth = depth;
+      void trigger();
+      await waitFor(async () => hintAt !== null || null, 5000, 'the hint');
+      await waitFor(async () => reads > hintAt! || null, 3000, `a read after a trigger ${depth} continuations into a read's end`);
     }
   });
 });
