@@ -70,26 +70,26 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 export function untilQuiet(read: () => Promise<void>, done: () => boolean, onError: (error: unknown) => void): () => Promise<void> {
   let reading: Promise<void> | null = null;
   let again = false;
-  const trigger = (): Promise<void> => {
+  return () => {
     if (reading) {
       again = true;
       return reading;
     }
     const loop = async () => {
-      do {
-        again = false;
-        await read();
-      } while (again && !done());
-    };
-    return (reading = loop()
-      .catch(onError)
-      .finally(() => {
+      try {
+        do {
+          again = false;
+          await read();
+        } while (again && !done());
+      } catch (error) {
+        onError(error);
+      } finally {
+        // in the same step as the loop's last look at `again`: a trigger from now on starts a new loop
         reading = null;
-        // a trigger after the loop's last look at `again` runs it once more
-        if (again && !done()) void trigger();
-      }));
+      }
+    };
+    return (reading = loop());
   };
-  return trigger;
 }
 
 /** What the hub tells an observer (the service's metrics). Called on the feed's path: keep each call cheap. */
@@ -296,8 +296,15 @@ export class CompletionHub implements ListenerSink, Closeable {
     };
     // the listener loaded the row: no need to read it again
     const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers);
-    // tried until it succeeds (a database restarting meanwhile delays the subscription, never fails it)
-    const found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => false);
+    // tried until it succeeds (a database restarting meanwhile delays the subscription, never fails
+    // it); an engine's refusal (EngineError: a malformed token, say) is final
+    let found: { row: Execution | null } | null;
+    try {
+      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => false, (error) => error instanceof EngineError);
+    } catch (error) {
+      unwatch();
+      throw error;
+    }
     if (!found) {
       // the hub is closing (the service stops, and closes the subscribers' connections)
       unwatch();
@@ -579,13 +586,14 @@ export class CompletionHub implements ListenerSink, Closeable {
     }
   }
 
-  /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left). */
-  private async untilRead<T>(read: () => Promise<T>, stopped: () => boolean): Promise<T | null> {
+  /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left), unless `final` says an error is for good. */
+  private async untilRead<T>(read: () => Promise<T>, stopped: () => boolean, final: (error: unknown) => boolean = () => false): Promise<T | null> {
     for (let backoff = 250; ; backoff = Math.min(backoff * 2, 5000)) {
       if (stopped() || this.closed) return null;
       try {
         return await read();
       } catch (error) {
+        if (final(error)) throw error;
         this.logger.warn({ err: toError(error) }, 'a subscription could not read the change feed; retrying');
         await sleep(backoff);
       }

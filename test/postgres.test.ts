@@ -264,6 +264,8 @@ describe('single calls of separate requests share statements', () => {
       await locker.query('begin');
       await locker.query('lock table asyncproc.procedures in access exclusive mode');
       const first = engine.submit([tagged('lost-first')]);
+      // its handler attached now: the rejection may come back before the terminate's answer
+      const firstFails = assert.rejects(first, (e: { code?: string }) => e.code === '57P01');
       const behind = ['lost-2', 'lost-3', 'lost-4'].map((tag) => engine.submit([tagged(tag)]));
       const pid = await waitFor(async () => {
         const { rows } = await sql.query(
@@ -272,7 +274,7 @@ describe('single calls of separate requests share statements', () => {
         return rows.length === 1 ? (rows[0].pid as number) : null;
       }, 10_000, 'the first statement to wait for the lock');
       await sql.query('select pg_terminate_backend($1)', [pid]);
-      await assert.rejects(first, (e: { code?: string }) => e.code === '57P01');
+      await firstFails;
       await locker.query('commit');
       const executions = (await Promise.all(behind)).map(([e]) => e);
       assert.equal(new Set(await writers(executions.map((e) => e.token))).size, 1, 'the three behind it went in one statement');
@@ -602,7 +604,8 @@ describe('waking the workers', () => {
     await db.end();
     // each call: the claim that takes it, and the one run() makes for the next call after it
     // (a sibling woken for nothing, or the process's own wake heard back, would add one each)
-    assert.ok(claims <= 2 * calls + 4, `${claims} claims for ${calls} calls`);
+    // (+ a few: each slot's first look when the pool starts, before any call)
+    assert.ok(claims <= 2 * calls + 8, `${claims} claims for ${calls} calls`);
   });
 
   it('a call due later is started when due by its own timer, not by the next housekeeping tick', async () => {

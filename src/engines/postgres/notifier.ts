@@ -73,9 +73,12 @@ export class Notifier {
         query_timeout: this.timeoutMs,
         connectionTimeoutMillis: this.timeoutMs,
       });
-      client.on('error', () => {
+      // a connection that failed or ended is forgotten, and with it its pid (sentBy)
+      const forget = () => {
         if (this.client === client) this.client = null;
-      });
+      };
+      client.on('error', forget);
+      client.on('end', forget);
       await client.connect();
       await client.query('set synchronous_commit = off');
       this.client = client;
