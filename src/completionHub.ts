@@ -140,8 +140,19 @@ export class CompletionHub implements ListenerSink, Closeable {
   private readonly progressWatchers = new Map<string, Set<() => void>>();
   /** Where the feed has been read to (null until started). */
   private position: Snapshot | null = null;
-  private reading: Promise<void> | null = null;
-  private again = false;
+  /** Reads the feed one read at a time; a change heard meanwhile makes it read once more. */
+  private readonly readFeed = untilQuiet(
+    () => this.readOnce(),
+    () => this.closed,
+    // the position did not move: the next read (poll or notification) finds it all again
+    (error) => {
+      if (++this.failures <= 3 || this.failures % 60 === 0) {
+        this.logger.warn({ err: toError(error), failures: this.failures }, 'reading the change feed failed; will read again');
+      }
+    },
+  );
+  /** The read in progress, or the last one. */
+  private reading: Promise<void> = Promise.resolve();
   /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
   private epoch = 0;
   private poller: NodeJS.Timeout | null = null;
@@ -177,16 +188,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     // end): with none, this process's own such change waits for the next read (an end, a
     // notification or the poll) rather than cost one now, on the way of the call that made it.
     if (own && !own.terminal && !this.streams.size) return;
-    if (this.reading) {
-      this.again = true;
-      return;
-    }
-    this.reading = this.readFeed().finally(() => {
-      this.reading = null;
-      // a change heard after the read's last look at `again` (a continuation that ran between
-      // its end and this callback) is read now, not at the next poll
-      if (this.again) this.onChange();
-    });
+    this.reading = this.readFeed();
   }
 
   onProgress(executionId: string): void {
@@ -211,36 +213,25 @@ export class CompletionHub implements ListenerSink, Closeable {
     return this.streams.size > 0 || this.watchers.size > 0 || this.tokenWatchers.size > 0 || (this.observer.wantsChanges?.() ?? false);
   }
 
-  /** Read what changed since the position, hand it out, move the position; again while asked. */
-  private async readFeed(): Promise<void> {
-    do {
-      this.again = false;
-      try {
-        if (!this.interested) {
-          // nobody listens: just move on, unless someone subscribed while we asked
-          const epoch = this.epoch;
-          const now = await this.engine.currentPosition();
-          if (epoch === this.epoch && !this.interested) this.position = union(this.position!, now);
-          this.feedReadAt = Date.now();
-          continue;
-        }
-        const since = this.position!;
-        let upper = since;
-        for await (const batch of this.pages({}, FEED_PAGE, (read) => this.engine.readChanges(since, read))) {
-          this.dispatch(batch);
-          upper = batch.upper;
-        }
-        this.position = union(since, upper);
-        this.feedReadAt = Date.now();
-        this.failures = 0;
-      } catch (error) {
-        // the position did not move: the next read (poll or notification) finds it all again
-        if (++this.failures <= 3 || this.failures % 60 === 0) {
-          this.logger.warn({ err: toError(error), failures: this.failures }, 'reading the change feed failed; will read again');
-        }
-        return;
-      }
-    } while (this.again && !this.closed);
+  /** Read what changed since the position, hand it out, move the position. */
+  private async readOnce(): Promise<void> {
+    if (!this.interested) {
+      // nobody listens: just move on, unless someone subscribed while we asked
+      const epoch = this.epoch;
+      const now = await this.engine.currentPosition();
+      if (epoch === this.epoch && !this.interested) this.position = union(this.position!, now);
+      this.feedReadAt = Date.now();
+      return;
+    }
+    const since = this.position!;
+    let upper = since;
+    for await (const batch of this.pages({}, FEED_PAGE, (read) => this.engine.readChanges(since, read))) {
+      this.dispatch(batch);
+      upper = batch.upper;
+    }
+    this.position = union(since, upper);
+    this.feedReadAt = Date.now();
+    this.failures = 0;
   }
 
   private dispatch(batch: FeedBatch): void {
