@@ -54,15 +54,8 @@ export async function pgBossSendRate(url: string): Promise<number> {
 
 /**
  * Mutation response → executionCompleted at a graphql-ws subscriber, `n` sequential calls (ms,
- * sorted). The client runs in this process, as the peer's addJob does beside its runner, or with
- * `separate` in a child process (bench/latencyClient.ts): each call then also waits for two
- * processes to be woken on the shared cores.
+ * sorted). The client runs in this process, as the peer's addJob does beside its runner.
  */
-export async function completionLatencies(endpoint: string, n: number, separate = false): Promise<number[]> {
-  if (!separate) return (await measureLatencies(endpoint, n, 20)).sort((a, b) => a - b);
-  const child = fork(fileURLToPath(new URL('./latencyClient.ts', import.meta.url)), [JSON.stringify({ url: endpoint, n, warmup: 20 })], {
-    execArgv: ['--import', 'tsx'],
-  });
-  const [message] = (await once(child, 'message')) as [{ latencies: number[] }];
-  return message.latencies.sort((a, b) => a - b);
+export async function completionLatencies(endpoint: string, n: number): Promise<number[]> {
+  return (await measureLatencies(endpoint, n, 20)).sort((a, b) => a - b);
 }

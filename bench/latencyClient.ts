@@ -2,11 +2,8 @@
  * The client of the latency bench: `n` calls one after another, each an `invoke` mutation and
  * then a graphql-ws subscription to its `executionCompleted`; the time from the mutation's
  * response to the event (ms, in call order). The socket stays open between calls, as a page's
- * does (graphql-ws's lazy default would open one per call). Run as a child process (argv:
- * { url, n, warmup }), it answers { latencies } over IPC and exits.
+ * does (graphql-ws's lazy default would open one per call).
  */
-import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
 import { INVOKE_NOOP, poster, tokenOf } from './httpPost.js';
@@ -32,11 +29,4 @@ export async function measureLatencies(url: string, n: number, warmup: number): 
     await ws.dispose();
   }
   return latencies;
-}
-
-// run as the child process (not when imported)
-if (process.send && process.argv[1] && fileURLToPath(import.meta.url) === path.resolve(process.argv[1])) {
-  const { url, n, warmup } = JSON.parse(process.argv[2]) as { url: string; n: number; warmup: number };
-  const latencies = await measureLatencies(url, n, warmup);
-  process.send({ latencies }, () => process.exit(0));
 }
