@@ -16,6 +16,7 @@ import {
   type ExecutionFilter,
   type ExecutionProgress,
   type ListenerSink,
+  type OwnChange,
 } from './engine.js';
 import type { Logger } from './logger.js';
 
@@ -182,13 +183,20 @@ export class CompletionHub implements ListenerSink, Closeable {
     }, this.options.pollMs ?? 1000);
   }
 
-  onChange(own?: { terminal: boolean }): void {
+  onChange(own?: OwnChange): void {
     if (this.closed || !this.position) return;
+    // an end this process committed, read back by its worker for a subscriber here that awaits
+    // it: handed over now (the feed's read of it, below, then finds that subscriber served)
+    if (own?.execution && own.terminal) this.tokenWatchers.get(own.execution.token)?.forEach((watch) => watch(own.execution!));
     // Only streams hand out a change that does not end its execution (every watcher waits for an
     // end): with none, this process's own such change waits for the next read (an end, a
     // notification or the poll) rather than cost one now, on the way of the call that made it.
     if (own && !own.terminal && !this.streams.size) return;
     this.reading = this.readFeed();
+  }
+
+  awaits(token: string): boolean {
+    return this.tokenWatchers.has(token);
   }
 
   onProgress(executionId: string): void {

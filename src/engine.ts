@@ -402,14 +402,28 @@ export interface ChangeRead {
   after?: { writer: bigint; order: bigint };
 }
 
+/** A change this process committed, as its worker tells it (see ListenerSink.onChange). */
+export interface OwnChange {
+  terminal: boolean;
+  /** The execution as the commit left it: only for an end a subscriber of this process awaits. */
+  execution?: Execution;
+}
+
 /** Where a listener says that something may have changed. Hints only: the table is the truth. */
 export interface ListenerSink {
   /**
    * A change was heard (or may have been missed, after a reconnect): read the change feed.
    * `own`: a change this process itself committed, told before any notification (trusted,
-   * unlike a payload): whether it ended its execution. Absent: read.
+   * unlike a payload): whether it ended its execution, and when it did and `awaits` asked for
+   * it, the execution as that commit left it. Absent: read.
    */
-  onChange(own?: { terminal: boolean }): void;
+  onChange(own?: OwnChange): void;
+  /**
+   * Whether a subscriber here waits for this call's end: a worker of this process that ends it
+   * then hands the ended execution with the change (onChange), and the subscriber hears it
+   * without a read of the change feed.
+   */
+  awaits?(token: string): boolean;
   onError(error: Error): void;
   /** A progress report of this execution was stored (a hint: read it with Engine.getProgress). */
   onProgress?(executionId: string): void;

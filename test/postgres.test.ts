@@ -111,10 +111,12 @@ describe('the change feed', () => {
   it("this process's listeners hear its own commits at once, not when their NOTIFY comes back, and whether they ended their call", async () => {
     let heard = 0;
     const hints: (boolean | undefined)[] = [];
+    let rows = 0;
     const listener = await engine.startListener({
       onChange: (own) => {
         heard++;
         hints.push(own?.terminal);
+        if (own?.execution) rows++;
       },
       onError: () => undefined,
     });
@@ -134,6 +136,7 @@ describe('the change feed', () => {
       await new Promise((resolve) => setTimeout(resolve, 300)); // the NOTIFYs come back meanwhile
       // the claim (not an end), the end; the NOTIFYs of this process's own commits are not heard again
       assert.deepEqual(hints, [false, false, true]);
+      assert.equal(rows, 0, 'a listener that awaits no end is handed no row (the worker does not read it back)');
       await listener.close();
       const after = heard;
       await engine.submit([{ procedure: 'demo.noop', arguments: {} }]);
@@ -221,6 +224,45 @@ describe('executionCompleted begun as its call ends', () => {
       await assert.rejects(hub.completed(other.token, () => false), (e: any) => e.code === 'NOT_FOUND');
       assert.equal(hub.size, 0, 'a refused subscription leaves no watch');
     } finally {
+      await listener.close();
+      await hub.close();
+    }
+  });
+});
+
+describe('executionCompleted of a call this process runs', () => {
+  it('hears the end from the worker that ran it, as the commit left the row, without a read of the feed', async () => {
+    // the engine itself, whose reads of the feed never answer (until released at the end)
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let feedReads = 0;
+    const deaf = Object.create(engine) as PostgresEngine;
+    deaf.readChanges = (...args) => (feedReads++, released.then(() => engine.readChanges(...args)));
+    const hub = new CompletionHub(deaf, silentLogger, { pollMs: 600_000 });
+    await hub.start();
+    const listener = await engine.startListener(hub);
+    try {
+      // due in a moment: the subscriptions begin before their calls run
+      const runAt = new Date(Date.now() + 1500);
+      const calls = await engine.submit([
+        { procedure: 'demo.add', arguments: { a: 2, b: 3 }, runAt },
+        // more digits than a double holds, in the arguments and in the result
+        { procedure: 'demo.echo_money', arguments: { amount: '123456789012345.6789' }, runAt },
+        { procedure: 'demo.fail', arguments: { message: 'refused' }, runAt, maxAttempts: 1 },
+      ]);
+      const subscriptions = await Promise.all(calls.map((call) => hub.completed(call.token)));
+      const heard = await Promise.race([
+        Promise.all(subscriptions.map(async (events) => (await events.next()).value as Execution)),
+        new Promise<never>((_, reject) => setTimeout(() => reject(new Error('no end heard while the feed was unread')), 15_000)),
+      ]);
+      assert.ok(feedReads >= 1, 'the hub did try to read the feed');
+      assert.deepEqual(heard.map((e) => e.status), ['SUCCEEDED', 'SUCCEEDED', 'FAILED']);
+      assert.deepEqual(heard[1].result?.outputParameters, { same: '123456789012345.6789' });
+      // every field as a read of the row gives it: ids, times, arguments, result, error
+      for (const [i, execution] of heard.entries()) assert.deepEqual(execution, await engine.getExecution(calls[i].token));
+      for (const events of subscriptions) assert.equal((await events.next()).done, true, 'one event, then the end');
+    } finally {
+      release();
       await listener.close();
       await hub.close();
     }

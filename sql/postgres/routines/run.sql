@@ -1,11 +1,15 @@
 -- Run one claimed transactional call; its writes and its outcome commit together (the service
 -- notifies right after). Then release it and claim the next call of next_queue in
 -- the same transaction and round trip.
+-- with_row: also return the row as the call left it (done_row, the whole row as JSON), for a
+-- subscriber of this worker's process that waits for the call's end: handed the row from here,
+-- it hears the end without a read of the change feed.
 drop function if exists asyncproc.run(bigint, text, text, integer);
+drop function if exists asyncproc.run(bigint, text, text, integer, boolean);
 create or replace function asyncproc.run(
-  execution_id bigint, worker text, next_queue text, row_cap integer default 100,
+  execution_id bigint, worker text, next_queue text, row_cap integer default 100, with_row boolean default false,
   out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
-  out next_transactional boolean, out next_token uuid, out next_procedure text
+  out next_transactional boolean, out next_token uuid, out next_procedure text, out done_row jsonb
 )
 language plpgsql as $$
 declare
@@ -55,6 +59,10 @@ begin
       select f.done_seq, f.done_status into run.done_seq, run.done_status
         from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
                               v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
+      if with_row then
+        -- this transaction's own write: what its commit will make of the row
+        select to_jsonb(e) into run.done_row from asyncproc.executions e where e.id = execution_id;
+      end if;
     end if;
     perform pg_advisory_unlock(key.key1, key.key2);
   end if;

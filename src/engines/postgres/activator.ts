@@ -5,6 +5,7 @@ import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 import type { Notifier } from './notifier.js';
 import type { ProgressRelay, ProgressSource } from './progress.js';
+import { rowFromJson, toExecution } from './rows.js';
 import { purgeFinished } from './purge.js';
 import { fireDueSchedules } from './schedules.js';
 
@@ -219,7 +220,11 @@ class QueueWorkers {
     return this.activator.options.maxRows ?? 100;
   }
 
-  /** A transactional call: asyncproc.run() runs it and records its outcome in one transaction. */
+  /**
+   * A transactional call: asyncproc.run() runs it and records its outcome in one transaction.
+   * When a subscriber of this process awaits its end, run() also returns the row it left, which
+   * goes to that subscriber with the change: it hears the end without a read of the feed.
+   */
   private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     const started = Date.now();
     try {
@@ -227,8 +232,8 @@ class QueueWorkers {
         // a named (prepared) statement: parsed and planned once per connection
         await client.query<EndedRow>({
           name: 'asyncproc-run',
-          text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure from asyncproc.run($1, $2, $3, $4)',
-          values: [current, worker, this.nextQueue, this.maxRows],
+          text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure, done_row from asyncproc.run($1, $2, $3, $4, $5)',
+          values: [current, worker, this.nextQueue, this.maxRows, call.token !== null && this.activator.options.notifier.awaited(call.token)],
         })
       ).rows[0];
       return this.ended(current, ran, call);
@@ -366,7 +371,7 @@ class QueueWorkers {
   private ended(current: string, row: EndedRow, call: CallLog): Claimed {
     const { notifier, logger } = this.activator.options;
     if (row.done_status) logger.info({ ...call, status: row.done_status }, row.done_status === 'WAITING' ? 'execution will retry' : 'execution ended');
-    if (row.done_seq !== null) notifier.event(current, row.done_seq, row.done_status!);
+    if (row.done_seq !== null) notifier.event(current, row.done_seq, row.done_status!, row.done_row ? toExecution(rowFromJson(row.done_row)) : undefined);
     if (row.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
     if (row.next_id !== null) notifier.event(row.next_id, row.next_seq!, 'RUNNING');
     return {
@@ -449,6 +454,8 @@ interface EndedRow {
   next_transactional?: boolean | null;
   next_token?: string | null;
   next_procedure?: string | null;
+  /** The ended call's row as JSON (run() with with_row). */
+  done_row?: Record<string, unknown> | null;
 }
 
 export class PostgresActivator implements Closeable {

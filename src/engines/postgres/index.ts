@@ -11,6 +11,7 @@ import type {
   InvokeCall,
   ListenerSink,
   NewApiKey,
+  OwnChange,
   RegisterOptions,
   ScheduleChange,
   ScheduleInput,
@@ -286,9 +287,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     });
     await listener.start();
     // events of this process's own transactions: read at once, not when their NOTIFY comes back
-    const heard = (own: { terminal: boolean }) => sink.onChange(own);
-    this.notifier.local.add(heard);
-    return this.closeables.track(listener, () => this.notifier.local.delete(heard));
+    const local = { onChange: (own?: OwnChange) => sink.onChange(own), awaits: (token: string) => sink.awaits?.(token) ?? false };
+    this.notifier.local.add(local);
+    return this.closeables.track(listener, () => this.notifier.local.delete(local));
   }
 
   async close(): Promise<void> {

@@ -1,5 +1,5 @@
 import pg from 'pg';
-import { isTerminal, toError, type ExecutionStatus } from '../../engine.js';
+import { isTerminal, toError, type Execution, type ExecutionStatus, type ListenerSink } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { connectionConfig } from './connection.js';
 
@@ -25,8 +25,11 @@ export class Notifier {
   private wakes = new Set<string>();
   private sending = false;
   private closed = false;
-  /** This process's listeners: told of every event as it is queued, and whether it ended its execution. */
-  readonly local = new Set<(own: { terminal: boolean }) => void>();
+  /**
+   * This process's listeners: told of every event as it is queued, whether it ended its
+   * execution, and (when the listener awaits that end) the execution the worker read back.
+   */
+  readonly local = new Set<Pick<ListenerSink, 'onChange' | 'awaits'>>();
 
   constructor(
     private readonly connectionString: string,
@@ -35,11 +38,17 @@ export class Notifier {
     private readonly timeoutMs = 10_000,
   ) {}
 
-  event(executionId: string, seq: string, status: ExecutionStatus): void {
+  event(executionId: string, seq: string, status: ExecutionStatus, execution?: Execution): void {
     this.events.push(`${executionId}:${seq}:${status}`);
     this.kick();
-    const own = { terminal: isTerminal(status) };
-    for (const heard of this.local) heard(own);
+    const own = { terminal: isTerminal(status), execution };
+    for (const listener of this.local) listener.onChange(own);
+  }
+
+  /** Whether a listener of this process awaits this call's end (its worker then reads the ended row back). */
+  awaited(token: string): boolean {
+    for (const listener of this.local) if (listener.awaits?.(token)) return true;
+    return false;
   }
 
   /**

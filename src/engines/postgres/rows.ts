@@ -61,6 +61,27 @@ export function toExecutionError(row: ErrorColumns): ExecutionError | null {
   };
 }
 
+/** A timestamp column as to_jsonb() writes it (ISO 8601 text), as pg's own parser gives it. */
+function jsonDate(value: unknown): Date | null {
+  return value == null ? null : new Date(value as string);
+}
+
+/**
+ * A row of asyncproc.executions as to_jsonb() wrote it, in the shape of a read of
+ * EXECUTION_COLUMNS: its bigints as text and its timestamps as dates, as pg's parsers give them.
+ */
+export function rowFromJson(json: Record<string, unknown>): ExecutionRow {
+  return {
+    ...(json as unknown as ExecutionRow),
+    id: String(json.id),
+    seq: String(json.seq),
+    submitted_at: jsonDate(json.submitted_at)!,
+    run_at: jsonDate(json.run_at),
+    started_at: jsonDate(json.started_at),
+    finished_at: jsonDate(json.finished_at),
+  };
+}
+
 export function toExecution(row: ExecutionRow): Execution {
   return {
     id: row.id,
