@@ -1,6 +1,6 @@
 import { createServer as createHttpServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { GraphQLError } from 'graphql';
+import { GraphQLError, type ExecutionResult } from 'graphql';
 import { createGraphQLError, createYoga, maskError } from 'graphql-yoga';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer, type WebSocket } from 'ws';
@@ -17,7 +17,7 @@ import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { useDashboard } from './dashboard.js';
 import { EngineError, type Engine } from './engine.js';
-import { coalescingWrites, useSharedEventExecution } from './fanout.js';
+import { coalescingWrites, serializedOnce, useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { ServiceMetrics } from './metrics.js';
@@ -183,6 +183,8 @@ export async function startServer(options: ServerOptions & { port: number; host?
   const wsServer = useServer<Record<string, unknown>, Extra>(
     {
       execute: (args: any) => args.rootValue.execute(args),
+      // an event's result is turned into JSON once for every subscriber it goes to
+      onNext: (_ctx, _id, _payload, _args, result) => serializedOnce(result as ExecutionResult),
       subscribe: (args: any) => args.rootValue.subscribe(args),
       // credentials are checked once, at connection_init: a bad or missing one closes the socket before any subscription
       onConnect: async (ctx) => {

@@ -222,3 +222,57 @@ describe('fields an event reads afresh', () => {
     assert.deepEqual(events.at(-1)!.execution.history.map((a) => a.status), ['FAILED', 'FAILED'], 'both attempts, as of the last event');
   });
 });
+
+describe('an event shared by subscribers of one shape', () => {
+  it('is written as JSON once, and reaches each subscriber under the id it chose, whatever that id holds', async () => {
+    const query = `subscription($f: ExecutionFilter) { executionEvents(filter: $f) { status execution { token arguments } } }`;
+    const variables = { f: { procedure: 'demo.add' } };
+    // ids a client may choose: plain, the text the server marks a payload with, and one that ends as a marked message does
+    const ids = ['1', '\u0000asyncproc:payload', 'x","type":"next","payload":"\u0000asyncproc:payload"}'];
+    const streams = t.app.hub!.size;
+    const clients = await Promise.all(
+      ids.map(async (id) => {
+        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+        const messages: any[] = [];
+        const acked = new Promise<void>((resolve) => socket.on('message', (data) => {
+          const message = JSON.parse(String(data));
+          if (message.type === 'connection_ack') resolve();
+          else messages.push(message);
+        }));
+        await new Promise((resolve) => socket.once('open', resolve));
+        socket.send(JSON.stringify({ type: 'connection_init' }));
+        await acked;
+        socket.send(JSON.stringify({ id, type: 'subscribe', payload: { query, variables } }));
+        return { id, socket, messages };
+      }),
+    );
+    await waitFor(async () => t.app.hub!.size === streams + ids.length, 5000, 'the subscriptions to join');
+    // the payloads graphql-ws would write, counted as they are turned into JSON (the server runs in this process)
+    const stringify = JSON.stringify;
+    let payloadsWritten = 0;
+    JSON.stringify = function (value: any, ...rest: any[]) {
+      if (value?.data?.executionEvents || value?.payload?.data?.executionEvents) payloadsWritten++;
+      return stringify.call(JSON, value, ...rest);
+    } as typeof JSON.stringify;
+    try {
+      const invoke = async (a: number) => {
+        const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure: 'demo.add', arguments: { a, b: 1 } } });
+        return body.data.invoke.execution.token as string;
+      };
+      const tokens = [await invoke(1), await invoke(2)];
+      const ended = (c: (typeof clients)[number]) => tokens.every((token) => c.messages.some((m) => m.payload?.data?.executionEvents?.status === 'SUCCEEDED' && m.payload.data.executionEvents.execution.token === token));
+      await waitFor(async () => clients.every(ended), 15_000, 'every subscriber to hear both ends');
+    } finally {
+      JSON.stringify = stringify;
+      for (const c of clients) c.socket.close();
+    }
+    for (const c of clients) {
+      assert.ok(c.messages.every((m) => m.type === 'next' && m.id === c.id), JSON.stringify(c.messages.slice(0, 3)));
+      assert.deepEqual(c.messages.map((m) => m.payload), clients[0].messages.map((m) => m.payload), 'every subscriber is sent the same events');
+    }
+    const events = clients[0].messages.length;
+    assert.ok(events >= 2, 'both ends at least');
+    assert.ok(clients[0].messages.every((m) => m.payload.data.executionEvents.execution.arguments.b === 1));
+    assert.equal(payloadsWritten, events, 'each event written once, not once per subscriber');
+  });
+});
