@@ -19,6 +19,8 @@ let sql: pg.Client;
 
 before(async () => {
   ({ cluster, url, engine, sql } = await startDemoDatabase());
+  // what a group in flight holds locked (midGroup)
+  await sql.query('create extension if not exists pgrowlocks');
   await sql.query(`create schema grouped;
     create procedure grouped.record_then_fail(tag text) language plpgsql as $$
     begin insert into demo.ledger (tag) values (tag); raise exception 'failed on purpose: %', tag; end $$;
@@ -111,12 +113,16 @@ async function serve(queue: string, concurrency: number, size: number, maxMs: nu
   return { tokens, activator: await engine.startActivator({ workerId: `grouped-${queue}`, queues: [queue] }) };
 }
 
-/** The backend of the queue's (only) worker slot, once it holds the locks of at least `calls` calls: mid-group. */
+/**
+ * The backend of the queue's (only) worker slot, once at least `calls` calls have run or are running in its
+ * group: mid-group. The group holds each call's row locked until it ends (the first call's by its claim and
+ * run(), each later one's as it takes it).
+ */
 const midGroup = (queue: string, calls: number) =>
   waitFor(
     async () => {
       const { rows } = await sql.query<{ pid: number; locks: string }>(
-        `select a.pid, (select count(*) from pg_locks l where l.pid = a.pid and l.locktype = 'advisory' and l.objsubid = 2) as locks
+        `select a.pid, (select count(*) from pgrowlocks('asyncproc.executions') r where a.pid = any(r.pids)) as locks
            from pg_stat_activity a where a.application_name like $1`,
         [`asyncproc worker %/${queue}#0`],
       );
@@ -155,6 +161,58 @@ describe('grouped commits', () => {
       assert.equal(rows[1].error_message, 'failed on purpose: gf-2');
       assert.equal(new Set(rows.map((r) => r.xid)).size, 1, 'the three committed together');
       assert.deepEqual([await ledger('gf-1'), await ledger('gf-2'), await ledger('gf-3')], [1, 0, 1]);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it("a call after a group's first records its start with its end: attempt, worker, session and times, and a retry as any call's", async () => {
+    const calls: Call[] = [
+      ['demo.record', { tag: 'gs-1' }],
+      ['demo.record', { tag: 'gs-2' }],
+      ['grouped.record_then_fail', { tag: 'gs-3' }],
+      ['demo.record', { tag: 'gs-4' }],
+    ];
+    await engine.configureQueue('g_start', 1, { size: 10, maxMs: 5000 });
+    await sql.query('begin');
+    const tokens: string[] = [];
+    for (const [i, [procedure, args]] of calls.entries()) {
+      // the failing call may try twice: its first failure is retried
+      const { rows } = await sql.query('select asyncproc.invoke($1, $2::jsonb, $3, max_attempts => $4) as token', [procedure, JSON.stringify(args), 'g_start', i === 2 ? 2 : 1]);
+      tokens.push(rows[0].token);
+    }
+    await sql.query('commit');
+    const activator = await engine.startActivator({ workerId: 'grouped-g_start', queues: ['g_start'] });
+    try {
+      const rows = await allEnded(tokens);
+      assert.deepEqual(rows.map((r) => [r.status, r.attempts]), [['SUCCEEDED', 1], ['SUCCEEDED', 1], ['FAILED', 2], ['SUCCEEDED', 1]]);
+      const { rows: recorded } = await sql.query(
+        `select e.token, e.started_at, e.finished_at, e.worker, e.backend_pid, e.transactional, e.run_at, e.submitted_at
+           from asyncproc.executions e where e.token = any($1::uuid[]) order by e.id`,
+        [tokens],
+      );
+      const first = recorded[0];
+      for (const r of recorded) {
+        assert.equal(r.worker, 'grouped-g_start/g_start#0', 'the slot that ran it');
+        assert.equal(r.backend_pid, first.backend_pid, "the slot's session");
+        assert.equal(r.transactional, true);
+        assert.ok(r.started_at >= r.submitted_at && r.finished_at >= r.started_at, JSON.stringify(r));
+      }
+      // in one group, one after the other: each started once the one before it had ended
+      assert.equal(new Set([rows[0].xid, rows[1].xid, rows[3].xid]).size, 1, 'the quick calls committed together');
+      assert.ok(recorded[1].started_at >= recorded[0].finished_at && recorded[3].started_at >= recorded[1].finished_at);
+      // the first failure: an attempt of its own, as it started and ended, and a retry after a backoff
+      const { rows: attempts } = await sql.query(
+        `select a.number, a.status, a.started_at, a.finished_at, a.worker, a.backend_pid, a.error_message
+           from asyncproc.attempts a join asyncproc.executions e on e.id = a.execution_id where e.token = $1`,
+        [tokens[2]],
+      );
+      assert.equal(attempts.length, 1);
+      assert.deepEqual([attempts[0].number, attempts[0].status, attempts[0].worker, attempts[0].backend_pid, attempts[0].error_message],
+        [1, 'FAILED', 'grouped-g_start/g_start#0', first.backend_pid, 'failed on purpose: gs-3']);
+      assert.ok(attempts[0].started_at >= recorded[1].finished_at && attempts[0].finished_at >= attempts[0].started_at);
+      assert.ok(recorded[2].started_at > attempts[0].finished_at, 'the retry started after the failed attempt');
+      assert.deepEqual([await ledger('gs-1'), await ledger('gs-2'), await ledger('gs-3'), await ledger('gs-4')], [1, 1, 0, 1]);
     } finally {
       await activator.close();
     }

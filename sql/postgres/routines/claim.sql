@@ -28,23 +28,13 @@ begin
                     order by x.id limit 1 for update skip locked)
     returning r.id into ready_id;
     exit when ready_id is null;
-    update asyncproc.executions e
-       set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,
-           worker = claim.worker, backend_pid = pg_backend_pid(), seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id(),
-           transactional = p.transactional
-      from asyncproc.procedures p
-     where e.id = ready_id and e.status = 'PENDING'   -- a ready row of a call cancelled meanwhile is dropped
-       and p.name = e.procedure
-    returning e.id, e.seq, coalesce(p.timeout_ms, 0), p.transactional, e.token, e.procedure
-         into claim.id, claim.seq, claim.timeout_ms, claim.transactional, claim.token, claim.procedure;
+    select s.id, s.seq, s.timeout_ms, s.transactional, s.token, s.procedure
+      into claim.id, claim.seq, claim.timeout_ms, claim.transactional, claim.token, claim.procedure
+      from asyncproc.start(ready_id, worker) s;
     exit when claim.id is not null;
   end loop;
-  if claim.id is not null then
-    -- taken before the commit that makes the call RUNNING: recover never sees it RUNNING and unlocked
-    perform pg_advisory_lock(k.key1, k.key2) from asyncproc.lock_key(claim.id) k;
-    if look_ahead then
-      more := exists (select from asyncproc.ready x where x.queue = queue_name and x.id > claim.id);
-    end if;
+  if claim.id is not null and look_ahead then
+    more := exists (select from asyncproc.ready x where x.queue = queue_name and x.id > claim.id);
   end if;
 end
 $$;

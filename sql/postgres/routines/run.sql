@@ -15,12 +15,6 @@ language plpgsql as $$
 declare
   key          record;
   call         record;
-  outcome      jsonb;
-  v_state      text;
-  v_message    text;
-  v_detail     text;
-  v_context    text;
-  succeeded    boolean := false;
 begin
   select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
   -- The call's lock at transaction level as well as the claim's session level: it then
@@ -41,24 +35,14 @@ begin
     -- cancelled between its claim's commit and this statement: pg_cancel_backend found this
     -- session idle and cancelled nothing, so the request is honoured here, before the call
     -- starts, by the same way out as a cancelled statement (the worker then abandons it as
-    -- cancelled; a plain RAISE of 57014 is not caught by the handler below either)
+    -- cancelled; a plain RAISE of 57014 is not caught by run_call()'s handler either)
     if found and call.cancel_requested then
       raise exception 'canceling statement due to user request' using errcode = 'query_canceled';
     end if;
 
     if found then
-      begin
-        outcome := asyncproc.call_routine(call.proc, call.arguments, row_cap);
-        succeeded := true;
-      exception when others then
-        -- the block's implicit savepoint has undone the call's writes; record the failure instead
-        get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
-                                v_detail = pg_exception_detail, v_context = pg_exception_context;
-      end;
-      -- outside the block, so the outcome is written by the main transaction, not a subtransaction
-      select f.done_seq, f.done_status into run.done_seq, run.done_status
-        from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
-                              v_state, v_message, nullif(v_detail, ''), nullif(v_context, '')) f;
+      select r.done_seq, r.done_status into run.done_seq, run.done_status
+        from asyncproc.run_call(execution_id, call.proc, call.arguments, row_cap) r;
       if with_row then
         -- this transaction's own write: what its commit will make of the row
         select to_jsonb(e) into run.done_row from asyncproc.executions e where e.id = execution_id;

@@ -1,9 +1,13 @@
 -- Run a claimed transactional call, then more ready calls of next_queue, all in ONE
--- transaction (a grouped commit; the queue's group_size > 1). Each call runs as run() runs it,
--- under its own savepoint: a failing call rolls back alone and still records its outcome, and
--- the group commits together. A lost worker undoes the whole group: the calls claimed inside
+-- transaction (a grouped commit; the queue's group_size > 1). Each call runs under its own
+-- savepoint, as run() runs one: a failing call rolls back alone and still records its outcome,
+-- and the group commits together. A lost worker undoes the whole group: the calls taken inside
 -- it were never committed RUNNING, so they are simply PENDING again, and the first one is
 -- recovered as any lost call; each runs again once.
+-- A call after the first is never seen RUNNING by anyone else, so it is not made RUNNING at
+-- all: its ready row is deleted and its row locked (what a claim's update held), it runs, and
+-- one update records its start and its end (finish() for a member). That is one write of the
+-- row and its indexes per call instead of two. The call itself finds its row PENDING.
 -- The group closes after max_count calls, or once max_ms have passed since it began (checked
 -- before each further claim: a slow call ends its group), or at a call that must run alone:
 -- non-transactional, with a timeout (its statement_timeout would cut the whole group), or a
@@ -24,11 +28,13 @@ returns table (id bigint, seq bigint, status text, token uuid, procedure text, t
 language plpgsql as $$
 #variable_conflict use_column
 declare
-  deadline timestamptz := clock_timestamp() + max_ms * interval '1 millisecond';
-  ran      integer := 1;
-  claimed  record;
-  past     bigint := execution_id;   -- claims start past the group's last call (see claim())
-  ended    record;
+  deadline  timestamptz := clock_timestamp() + max_ms * interval '1 millisecond';
+  ran       integer := 1;
+  taken     bigint;
+  member    record;
+  claimed   record;
+  past      bigint := execution_id;   -- takes start past the group's last call (see claim())
+  ended     record;
 begin
   select r.done_seq, r.done_status into ended from asyncproc.run(execution_id, worker, null, row_cap) r;
   if ended.done_seq is not null then
@@ -36,30 +42,44 @@ begin
   end if;
   loop
     exit when next_queue is null;
-    select c.id, c.seq, c.timeout_ms, c.transactional, c.token, c.procedure into claimed
-      from asyncproc.claim(next_queue, worker, past) c;
-    if claimed.id is null and past > 0 then
+    -- the next ready call past the last one, as claim() takes it: its ready row deleted (a cancel
+    -- deletes that row first, so it waits for the group's commit and finds the call ended)
+    delete from asyncproc.ready r
+     where r.queue = next_queue
+       and r.id = (select x.id from asyncproc.ready x where x.queue = next_queue and x.id > past
+                    order by x.id limit 1 for update skip locked)
+    returning r.id into taken;
+    if taken is null and past > 0 then
       -- nothing past it: once more from the start (a retry released meanwhile has an older id)
       past := 0;
       continue;
     end if;
-    exit when claimed.id is null;
-    past := claimed.id;
-    if ran >= max_count or clock_timestamp() >= deadline or not claimed.transactional or claimed.timeout_ms <> 0
-       -- by its key (a condition on batch_id would let the planner walk the partial index of batch members)
-       or (select e.batch_id from asyncproc.executions e where e.id = claimed.id) is not null then
+    exit when taken is null;
+    past := taken;
+    -- by its key; locked as a claim's update would lock it, until the group ends
+    select e.token, e.procedure, e.arguments, e.batch_id, p.proc, p.transactional, coalesce(p.timeout_ms, 0) as timeout_ms
+      into member
+      from asyncproc.executions e
+      join asyncproc.procedures p on p.name = e.procedure
+     where e.id = taken and e.status = 'PENDING'
+       for update of e;
+    -- no longer PENDING (cancelled meanwhile): its ready row is dropped, as claim() drops it
+    continue when not found;
+    if ran >= max_count or clock_timestamp() >= deadline or not member.transactional or member.timeout_ms <> 0
+       or member.batch_id is not null then
+      -- it runs alone: claimed as claim() claims, committed RUNNING with the group
+      select s.id, s.seq, s.timeout_ms, s.transactional, s.token, s.procedure into claimed
+        from asyncproc.start(taken, worker) s;
       return query select claimed.id, claimed.seq, 'RUNNING'::text, claimed.token, claimed.procedure,
                           claimed.timeout_ms, claimed.transactional;
       exit;
     end if;
-    -- grouped: run() finds it RUNNING for this session (uncommitted, seen by no one else);
     -- its progress reports name it (progress.sql), until the group's transaction ends
-    perform set_config('asyncproc.execution', claimed.id::text, true);
-    select r.done_seq, r.done_status into ended from asyncproc.run(claimed.id, worker, null, row_cap) r;
+    perform set_config('asyncproc.execution', taken::text, true);
+    select r.done_seq, r.done_status into ended
+      from asyncproc.run_call(taken, member.proc, member.arguments, row_cap, clock_timestamp(), worker) r;
     ran := ran + 1;
-    if ended.done_seq is not null then
-      return query select claimed.id, ended.done_seq, ended.done_status, claimed.token, claimed.procedure, null::integer, null::boolean;
-    end if;
+    return query select taken, ended.done_seq, ended.done_status, member.token, member.procedure, null::integer, null::boolean;
   end loop;
 end
 $$;
