@@ -7,10 +7,12 @@ import { EXECUTION_COLUMNS, filterSql, toExecution, type ExecutionRow } from './
 export async function getExecutions(pool: pg.Pool, tokens: readonly string[]): Promise<Execution[]> {
   const valid = tokens.filter((t) => isUuid(t));
   if (!valid.length) return [];
-  const { rows } = await pool.query<ExecutionRow>(
-    `select ${EXECUTION_COLUMNS} from asyncproc.executions e where e.token = any($1::uuid[])`,
-    [valid],
-  );
+  // named: every executionCompleted subscription and every look-up by token reads this way
+  const { rows } = await pool.query<ExecutionRow>({
+    name: 'asyncproc-executions-by-token',
+    text: `select ${EXECUTION_COLUMNS} from asyncproc.executions e where e.token = any($1::uuid[])`,
+    values: [valid],
+  });
   return rows.map(toExecution);
 }
 
