@@ -229,7 +229,6 @@ describe('an event shared by subscribers of one shape', () => {
     const variables = { f: { procedure: 'demo.add' } };
     // ids a client may choose: plain, the text the server marks a payload with, and one that ends as a marked message does
     const ids = ['1', '\u0000asyncproc:payload', 'x","type":"next","payload":"\u0000asyncproc:payload"}'];
-    const streams = t.app.hub!.size;
     const clients = await Promise.all(
       ids.map(async (id) => {
         const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
@@ -246,7 +245,16 @@ describe('an event shared by subscribers of one shape', () => {
         return { id, socket, messages };
       }),
     );
-    await waitFor(async () => t.app.hub!.size === streams + ids.length, 5000, 'the subscriptions to join');
+    const invoke = async (a: number) => {
+      const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure: 'demo.add', arguments: { a, b: 1 } } });
+      return body.data.invoke.execution.token as string;
+    };
+    const ended = (c: (typeof clients)[number], tokens: string[]) =>
+      tokens.every((token) => c.messages.some((m) => m.payload?.data?.executionEvents?.status === 'SUCCEEDED' && m.payload.data.executionEvents.execution.token === token));
+    // every subscription is in once each has heard a first call end
+    const first = [await invoke(0)];
+    await waitFor(async () => clients.every((c) => ended(c, first)), 15_000, 'every subscriber to hear a first end');
+    for (const c of clients) c.messages.length = 0;
     // the payloads graphql-ws would write, counted as they are turned into JSON (the server runs in this process)
     const stringify = JSON.stringify;
     let payloadsWritten = 0;
@@ -255,13 +263,8 @@ describe('an event shared by subscribers of one shape', () => {
       return stringify.call(JSON, value, ...rest);
     } as typeof JSON.stringify;
     try {
-      const invoke = async (a: number) => {
-        const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure: 'demo.add', arguments: { a, b: 1 } } });
-        return body.data.invoke.execution.token as string;
-      };
       const tokens = [await invoke(1), await invoke(2)];
-      const ended = (c: (typeof clients)[number]) => tokens.every((token) => c.messages.some((m) => m.payload?.data?.executionEvents?.status === 'SUCCEEDED' && m.payload.data.executionEvents.execution.token === token));
-      await waitFor(async () => clients.every(ended), 15_000, 'every subscriber to hear both ends');
+      await waitFor(async () => clients.every((c) => ended(c, tokens)), 15_000, 'every subscriber to hear both ends');
     } finally {
       JSON.stringify = stringify;
       for (const c of clients) c.socket.close();
