@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import WebSocket from 'ws';
+import WebSocket, { WebSocketServer } from 'ws';
 import { CompletionHub } from '../src/completionHub.js';
 import { EngineError, type ExecutionEvent } from '../src/engine.js';
 import { silentLogger } from '../src/logger.js';
@@ -277,5 +277,48 @@ describe('an event shared by subscribers of one shape', () => {
     assert.ok(events >= 2, 'both ends at least');
     assert.ok(clients[0].messages.every((m) => m.payload.data.executionEvents.execution.arguments.b === 1));
     assert.equal(payloadsWritten, events, 'each event written once, not once per subscriber');
+  });
+});
+
+describe("a socket's writes", () => {
+  it("send a turn's first message at once, and the turn's later ones together when the turn ends", async () => {
+    const { coalescingWrites } = await import('../src/fanout.js');
+    const { spawn } = await import('node:child_process');
+    const wss = new WebSocketServer({ port: 0, host: '127.0.0.1', WebSocket: coalescingWrites(WebSocket) });
+    await new Promise((resolve) => wss.once('listening', resolve));
+    const port = (wss.address() as import('node:net').AddressInfo).port;
+    // the client in a process of its own: it hears what reaches it while this one is busy
+    const client = spawn(process.execPath, ['-e', `
+      const ws = new (require('ws'))('ws://127.0.0.1:${port}');
+      ws.on('message', (data) => process.stdout.write(Date.now() + ' ' + data + '\\n'));`], { cwd: process.cwd() });
+    let heard = '';
+    client.stdout.on('data', (chunk) => (heard += chunk));
+    try {
+      const socket = await new Promise<WebSocket>((resolve) => wss.once('connection', resolve));
+      const raw = (socket as unknown as { _socket: import('node:net').Socket & { _write: Function; _writev: Function } })._socket;
+      let writes = 0;
+      for (const method of ['_write', '_writev'] as const) {
+        const original = raw[method];
+        raw[method] = function (this: unknown, ...args: unknown[]) {
+          writes++;
+          return original.apply(this, args);
+        };
+      }
+      // one turn: a message, then this process busy for 300 ms, then two more
+      socket.send('first');
+      const busyUntil = Date.now() + 300;
+      while (Date.now() < busyUntil);
+      socket.send('second');
+      socket.send('third');
+      assert.equal(writes, 1, 'only the first has been written during the turn');
+      await waitFor(async () => heard.trim().split('\n').length === 3 || null, 10_000, 'the client to hear all three');
+      assert.equal(writes, 2, 'the second and third left in one write');
+      const at = Object.fromEntries(heard.trim().split('\n').map((line) => line.split(' ').reverse()));
+      assert.ok(Number(at.second) - Number(at.first) >= 200, `the first arrived while this process was busy: ${heard}`);
+      assert.ok(Math.abs(Number(at.third) - Number(at.second)) <= 20, heard);
+    } finally {
+      client.kill();
+      wss.close();
+    }
   });
 });
