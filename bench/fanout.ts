@@ -39,6 +39,9 @@ export interface FanoutRun {
   medianDelayMs: number;
   /** The service's CPU (user + system; it runs in the bench's process) from the last submit to the last arrival, per event delivered (µs). */
   cpuPerEventUs: number;
+  /** CPU (ms) over the same span: the service's, and the event subscribers' process's (the load generator shares the machine's cores). */
+  serviceCpuMs: number;
+  clientsCpuMs: number;
   /** Calls some subscriber never heard finish, and finishes heard twice. */
   missing: number;
   repeats: number;
@@ -137,7 +140,7 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
     const lastSubmit = Date.now();
     const cpuBefore = process.cpuUsage();
     child.send({ expect: tokens });
-    const { results } = (await next()) as { results: { events: number; last: number; missing: number; repeats: number; errors: string[] }[] };
+    const { results, cpuMs } = (await next()) as { results: { events: number; last: number; missing: number; repeats: number; errors: string[] }[]; cpuMs: number };
     const watched = await watching;
     const cpu = process.cpuUsage(cpuBefore);
     const client = new pg.Client({ connectionString: databaseUrl });
@@ -161,6 +164,8 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       drainMs: lastFinish - lastSubmit,
       medianDelayMs: lasts[Math.floor(lasts.length / 2)] - lastFinish,
       cpuPerEventUs: (cpu.user + cpu.system) / Math.max(events + (watched?.count ?? 0), 1),
+      clientsCpuMs: cpuMs,
+      serviceCpuMs: (cpu.user + cpu.system) / 1000,
       missing: results.reduce((sum, r) => sum + r.missing, 0),
       repeats: results.reduce((sum, r) => sum + r.repeats, 0),
       errors: results.flatMap((r) => r.errors).slice(0, 5),
@@ -219,7 +224,7 @@ const kb = (bytes: number) => `${(bytes / 1024).toFixed(1)} KB`;
 export const describeFanout = (r: FanoutRun) =>
   `${r.subscribers} subscribers: ${r.events} events, ${r.rate.toFixed(0)} events/s, last delivery ${(r.delayMs / 1000).toFixed(2)} s after the last completion (median subscriber ${(r.medianDelayMs / 1000).toFixed(2)} s); ` +
   `last completion ${(r.drainMs / 1000).toFixed(2)} s and last delivery ${(r.afterSubmitMs / 1000).toFixed(2)} s after the last submit` +
-  (r.events ? `, service CPU ${r.cpuPerEventUs.toFixed(1)} µs an event` : '') +
+  (r.events ? `, service CPU ${r.cpuPerEventUs.toFixed(1)} µs an event (${(r.serviceCpuMs / 1000).toFixed(1)} s; the subscribers' process ${(r.clientsCpuMs / 1000).toFixed(1)} s)` : '') +
   (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '') +
   (r.watchers
     ? `; ${r.watchers.count} executionCompleted watchers: heard their call end p50 ${r.watchers.p50Ms.toFixed(0)} ms, p99 ${r.watchers.p99Ms.toFixed(0)} ms, max ${r.watchers.maxMs.toFixed(0)} ms after it` +

@@ -48,6 +48,7 @@ const clients = states.map((state) => {
 process.on('message', async (message) => {
   if (message.expect) {
     expected = new Set(message.expect);
+    const cpuBefore = process.cpuUsage();
     const all = new Promise((resolve) => (done = resolve));
     check();
     await Promise.race([all, new Promise((resolve) => setTimeout(resolve, timeoutMs))]);
@@ -61,8 +62,9 @@ process.on('message', async (message) => {
       }
       return { events: s.events, last: s.last, missing, repeats, errors: s.errors.slice(0, 3).map(String) };
     });
+    const cpu = process.cpuUsage(cpuBefore);
     for (const client of clients) await client.dispose();
-    process.send({ results }, () => process.exit(0));
+    process.send({ results, cpuMs: (cpu.user + cpu.system) / 1000 }, () => process.exit(0));
   }
 });
 process.send({ ready: true });
