@@ -22,11 +22,7 @@ declare
   ready_id bigint;
 begin
   loop
-    delete from asyncproc.ready r
-     where r.queue = queue_name
-       and r.id = (select x.id from asyncproc.ready x where x.queue = queue_name and x.id > after_id
-                    order by x.id limit 1 for update skip locked)
-    returning r.id into ready_id;
+    ready_id := asyncproc.take_ready(queue_name, after_id);
     exit when ready_id is null;
     select s.id, s.seq, s.timeout_ms, s.transactional, s.token, s.procedure
       into claim.id, claim.seq, claim.timeout_ms, claim.transactional, claim.token, claim.procedure

@@ -42,13 +42,9 @@ begin
   end if;
   loop
     exit when next_queue is null;
-    -- the next ready call past the last one, as claim() takes it: its ready row deleted (a cancel
-    -- deletes that row first, so it waits for the group's commit and finds the call ended)
-    delete from asyncproc.ready r
-     where r.queue = next_queue
-       and r.id = (select x.id from asyncproc.ready x where x.queue = next_queue and x.id > past
-                    order by x.id limit 1 for update skip locked)
-    returning r.id into taken;
+    -- the next ready call past the last one, as claim() takes it (a cancel of it then waits for
+    -- the group's commit and finds the call ended)
+    taken := asyncproc.take_ready(next_queue, past);
     if taken is null and past > 0 then
       -- nothing past it: once more from the start (a retry released meanwhile has an older id)
       past := 0;
