@@ -37,9 +37,10 @@ export interface FanoutRun {
   drainMs: number;
   /** The median subscriber's last arrival − the last completion (ms). */
   medianDelayMs: number;
-  /** The service's CPU (user + system; it runs in the bench's process) from the last submit to the last arrival, per event delivered (µs). */
-  cpuPerEventUs: number;
-  /** CPU (ms) over the same span: the service's, and the event subscribers' process's (the load generator shares the machine's cores). */
+  /**
+   * CPU (ms, user + system) from the last submit to the last arrival: the service's (it runs in the
+   * bench's process), and the event subscribers' process's (the load generator shares the machine's cores).
+   */
   serviceCpuMs: number;
   clientsCpuMs: number;
   /** Calls some subscriber never heard finish, and finishes heard twice. */
@@ -163,7 +164,6 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
       afterSubmitMs: lasts.at(-1)! - lastSubmit,
       drainMs: lastFinish - lastSubmit,
       medianDelayMs: lasts[Math.floor(lasts.length / 2)] - lastFinish,
-      cpuPerEventUs: (cpu.user + cpu.system) / Math.max(events + (watched?.count ?? 0), 1),
       clientsCpuMs: cpuMs,
       serviceCpuMs: (cpu.user + cpu.system) / 1000,
       missing: results.reduce((sum, r) => sum + r.missing, 0),
@@ -224,7 +224,7 @@ const kb = (bytes: number) => `${(bytes / 1024).toFixed(1)} KB`;
 export const describeFanout = (r: FanoutRun) =>
   `${r.subscribers} subscribers: ${r.events} events, ${r.rate.toFixed(0)} events/s, last delivery ${(r.delayMs / 1000).toFixed(2)} s after the last completion (median subscriber ${(r.medianDelayMs / 1000).toFixed(2)} s); ` +
   `last completion ${(r.drainMs / 1000).toFixed(2)} s and last delivery ${(r.afterSubmitMs / 1000).toFixed(2)} s after the last submit` +
-  (r.events ? `, service CPU ${r.cpuPerEventUs.toFixed(1)} µs an event (${(r.serviceCpuMs / 1000).toFixed(1)} s; the subscribers' process ${(r.clientsCpuMs / 1000).toFixed(1)} s)` : '') +
+  (r.events ? `, service CPU ${((r.serviceCpuMs * 1000) / (r.events + (r.watchers?.count ?? 0))).toFixed(1)} µs an event (${(r.serviceCpuMs / 1000).toFixed(1)} s; the subscribers' process ${(r.clientsCpuMs / 1000).toFixed(1)} s)` : '') +
   (r.missing || r.repeats || r.errors.length ? ` — MISSING ${r.missing}, REPEATED ${r.repeats}, errors ${JSON.stringify(r.errors)}` : '') +
   (r.watchers
     ? `; ${r.watchers.count} executionCompleted watchers: heard their call end p50 ${r.watchers.p50Ms.toFixed(0)} ms, p99 ${r.watchers.p99Ms.toFixed(0)} ms, max ${r.watchers.maxMs.toFixed(0)} ms after it` +
