@@ -279,8 +279,11 @@ export class CompletionHub implements ListenerSink, Closeable {
    * The execution once it has finished: one value, then the stream ends — also when
    * it finished before the subscription began. Throws NOT_FOUND for an unknown token,
    * and for one `visible` refuses (so a caller cannot tell another's token from none).
+   * `wanted`: while the database cannot be read, the first read is tried again until it
+   * succeeds or the subscriber no longer waits (then the stream just ends): a subscriber that
+   * leaves during an outage leaves nothing behind.
    */
-  async completed(token: string, visible: (execution: Execution) => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
+  async completed(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
     // The watch begins before the one read of the row: an end that read does not see comes
     // through the watch (the feed hands out whatever its position did not see when the watch
     // began). What it hears before the row was found and `visible` allowed it waits for that.
@@ -299,13 +302,13 @@ export class CompletionHub implements ListenerSink, Closeable {
     // it); an engine's refusal (EngineError: a malformed token, say) is final
     let found: { row: Execution | null } | null;
     try {
-      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => false, (error) => error instanceof EngineError);
+      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), (error) => error instanceof EngineError);
     } catch (error) {
       unwatch();
       throw error;
     }
     if (!found) {
-      // the hub is closing (the service stops, and closes the subscribers' connections)
+      // the hub is closing (the service stops, and closes the subscribers' connections), or the subscriber left
       unwatch();
       queue.end();
       return queue;

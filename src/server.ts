@@ -71,6 +71,8 @@ export interface RunningServer {
 interface ServerContext {
   req?: IncomingMessage;
   principal?: Principal;
+  /** graphql-ws: whether the subscription is still wanted (its client neither completed it nor left). */
+  wanted?: () => boolean;
 }
 
 function unauthenticated(error: AuthenticationError) {
@@ -105,7 +107,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       warn: (...args) => logger.warn(args.join(' ')),
       error: (...args) => logger.error(args.map(String).join(' ')),
     },
-    context: async ({ request, req, principal }) => {
+    context: async ({ request, req, principal, wanted }) => {
       if (!principal) {
         try {
           principal = await auth.authenticate(
@@ -116,7 +118,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
           throw error instanceof AuthenticationError ? unauthenticated(error) : error;
         }
       }
-      return { engine, hub, limits, principal, loaders: createLoaders(engine), logger };
+      // an HTTP request (SSE) is wanted until its client goes: the request's signal aborts then
+      return { engine, hub, limits, principal, loaders: createLoaders(engine), logger, wanted: wanted ?? (() => !request?.signal.aborted) };
     },
     maskedErrors: {
       // never in development mode: stack and SQL text stay in the server's log
@@ -225,7 +228,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
         if (open > 0) connections.set(key, open);
         else connections.delete(key);
       },
-      onSubscribe: async (ctx, _id, params) => {
+      onSubscribe: async (ctx, id, params) => {
         const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
         if (refused) return refused;
         const principal = ctx.extra.principal!;
@@ -233,7 +236,9 @@ export async function startServer(options: ServerOptions & { port: number; host?
           return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];
         }
         // what the context starts from: the verified principal and the operation (the socket's state stays with graphql-ws)
-        const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({ principal, params });
+        // wanted while graphql-ws holds it: a `complete` from the client or the socket's close removes it
+        const wanted = () => id in ctx.subscriptions;
+        const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({ principal, params, wanted });
         let document;
         try {
           document = parse(params.query);

@@ -330,6 +330,49 @@ describe('faults', () => {
     }
   });
 
+  it('subscribers who leave while the database is out of reach leave nothing waiting behind them (graphql-ws complete, socket close, SSE)', async () => {
+    // a database of its own: its connections are refused for a while
+    const dbUrl = await cluster.createDatabase();
+    const dbName = new URL(dbUrl).pathname.slice(1);
+    const admin = await cluster.connect(cluster.server.url);
+    const app = await startTestApp(dbUrl);
+    const hub = app.app.hub!;
+    try {
+      const invoke = async () =>
+        (await app.gql(`mutation { invoke(input: { procedure: "demo.noop", runAt: "${new Date(Date.now() + 3_600_000).toISOString()}" }) { execution { token } } }`)).body.data.invoke
+          .execution.token as string;
+      const [leaving, closing, sse, staying] = [await invoke(), await invoke(), await invoke(), await invoke()];
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections false`);
+      await admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [dbName]);
+      const query = `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`;
+      const heard: unknown[] = [];
+      const sink = { next: (value: unknown) => heard.push(value), error: (error: unknown) => heard.push(error), complete: () => undefined };
+      const shared = app.ws();
+      const unsubscribe = shared.subscribe({ query, variables: { t: leaving } }, sink);
+      const closer = app.ws();
+      closer.subscribe({ query, variables: { t: closing } }, sink);
+      const sseUnsubscribe = app.sse().subscribe({ query, variables: { t: sse } }, sink);
+      const stayed = collect(shared.iterate({ query, variables: { t: staying } }));
+      // every subscription waits for its first read, retrying
+      await waitFor(async () => hub.size === 4, 10_000, 'four subscriptions waiting for the database');
+      unsubscribe(); // graphql-ws `complete`
+      await closer.dispose(); // the socket closes
+      sseUnsubscribe(); // the request is aborted
+      // the database is still out of reach: only the one who stays is still waited for
+      await waitFor(async () => hub.size === 1, 15_000, 'the three who left no longer waited for');
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`);
+      const cancelled = await app.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: staying });
+      assert.equal(cancelled.body.errors, undefined, JSON.stringify(cancelled.body.errors));
+      assert.deepEqual((await stayed).map((r) => r.data), [{ executionCompleted: { token: staying, status: 'CANCELLED' } }], 'the one who stayed still hears its end');
+      assert.deepEqual(heard, [], 'those who left heard nothing, not even an error');
+      assert.equal(hub.size, 0);
+    } finally {
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`).catch(() => undefined);
+      await admin.end();
+      await app.stop();
+    }
+  });
+
   it('the database restarted under load: every call completes exactly once and every subscriber hears it', async () => {
     const tag = 'db-restart';
     const app = await startTestApp(url);

@@ -25,6 +25,11 @@ export interface Context {
   loaders: Loaders;
   /** Lines about one execution carry its token and procedure (grep a token for its story). */
   logger: Logger;
+  /**
+   * Whether the caller still waits for this operation (false once a subscriber completed it or
+   * went away): a subscription that waits for the database stops waiting then.
+   */
+  wanted: () => boolean;
 }
 
 export const builder = new SchemaBuilder<{

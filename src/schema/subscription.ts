@@ -9,9 +9,9 @@ builder.subscriptionFields((t) => ({
     type: ExecutionRef,
     description: 'One event when the execution finishes (also if it finished before you subscribed), then the stream ends.',
     args: { token: t.arg.id({ required: true }) },
-    subscribe: (_root, { token }, { hub, principal }) =>
+    subscribe: (_root, { token }, { hub, principal, wanted }) =>
       // another caller's token answers as an unknown one does
-      withId(String(token), 'Execution', (uuid) => hub.completed(uuid, (execution) => owns(principal, execution.submittedBy))),
+      withId(String(token), 'Execution', (uuid) => hub.completed(uuid, (execution) => owns(principal, execution.submittedBy), wanted)),
     resolve: (execution) => execution,
   }),
   executionProgress: t.field({
