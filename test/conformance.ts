@@ -1001,6 +1001,29 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.equal(await harness.ledgerCount(tag), 1, 'ran exactly once');
         const again = await (engine as unknown as MssqlEngine).recoverLostCalls({ minAgeSeconds: 0 });
         assert.equal(again.recovered, 0, 'a finished call is never sent again');
+
+      it("SQL Server: the listener ends the service's side of every call's dialog, many of them in one receive", async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('Service Broker conversations are SQL Server only');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        // 60 calls finishing together: the listener takes their EndDialog messages in few batches and
+        // ends those dialogs together (one transaction a batch)
+        const calls = await submit(Array.from({ length: 60 }, () => ({ procedure: 'demo.noop', arguments: {} })));
+        await finished(calls.map((c) => c.token));
+        const tokens = JSON.stringify(calls.map((c) => c.token));
+        const open = () =>
+          pool
+            .request()
+            .input('tokens', tokens)
+            .query<{ n: number }>(
+              `SELECT COUNT(*) AS n
+                 FROM asyncexec.AsyncExecResults AS r
+                 JOIN sys.conversation_endpoints AS ce ON ce.conversation_handle = r.initiator_handle
+                WHERE r.token IN (SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@tokens) AS j)
+                  AND ce.state <> 'CD'`,
+            )
+            .then((r) => r.recordset[0].n);
+        await waitFor(async () => ((await open()) === 0 ? true : null), 15_000, "every call's initiator endpoint ended");
+      });
       });
     });
 

@@ -54,17 +54,31 @@ describe('mssql listener: the receive batch', () => {
     const lastReceive = text.lastIndexOf('FROM asyncexec.AsyncExecNotifyQueue');
     assert.ok(commit > lastReceive, 'the commit follows every RECEIVE');
     assert.ok(firstEnd > commit, 'no END CONVERSATION inside the receive transaction');
-    assert.equal(text.match(/BEGIN TRANSACTION/g)?.length, 1, 'the ends open no transaction of their own');
+    assert.match(text, /SET NOCOUNT ON; SET XACT_ABORT ON;[\s\S]*BEGIN TRANSACTION;/, 'the RECEIVEs still roll back if the batch is cancelled');
   });
 
-  it('ends each dialog in its own TRY…CATCH with XACT_ABORT off, and reports the failures', () => {
+  it("ends the batch's dialogs first in one transaction of their own (one log flush), rolled back whole if any end fails", () => {
+    const afterReceive = text.slice(text.indexOf('COMMIT TRANSACTION;') + 'COMMIT TRANSACTION;'.length);
+    const together = /^\s*IF EXISTS \((SELECT DISTINCT conversation_handle FROM @m [^)]*\))\)\s*BEGIN\s*BEGIN TRY\s*BEGIN TRANSACTION;([\s\S]*?)COMMIT TRANSACTION;\s*END TRY\s*BEGIN CATCH([\s\S]*?)END CATCH;\s*END;/.exec(afterReceive);
+    assert.ok(together, 'right after the receive commits: a transaction over all the ends, inside TRY, when there is one to end');
+    const [, , body, catchBody] = together;
+    assert.match(body, /WHILE @@FETCH_STATUS = 0\s*BEGIN\s*END CONVERSATION @h;/, 'every end of the batch inside that one transaction');
+    assert.doesNotMatch(body, /BEGIN TRY|XACT_ABORT/, 'no end of it is caught alone, and XACT_ABORT stays ON through it (a timeout rolls it back)');
+    assert.match(catchBody, /IF XACT_STATE\(\) <> 0 ROLLBACK TRANSACTION;\s*SET @endedTogether = 0;/, 'a failure rolls every end back and asks for the ends one by one');
+    assert.doesNotMatch(afterReceive.slice(0, together.index), /XACT_ABORT OFF/);
+    assert.match(text, /@endedTogether bit = 1;/, 'nothing to end counts as ended');
+  });
+
+  it('after a failed transaction, ends each dialog in its own TRY…CATCH with XACT_ABORT off, and reports the failures', () => {
     const ends = endsAndTheirCatch(text);
-    assert.equal(ends.length, 1);
-    assert.ok(ends[0].tried, 'END CONVERSATION is alone in a TRY block followed by its CATCH');
-    assert.match(ends[0].catchBody, /INSERT @failed VALUES \(@h, ERROR_NUMBER\(\), ERROR_MESSAGE\(\)\)/);
-    const xactOff = text.indexOf('SET XACT_ABORT OFF;');
-    assert.ok(xactOff > text.indexOf('COMMIT TRANSACTION;') && xactOff < text.indexOf('END CONVERSATION'), 'XACT_ABORT goes off between the commit and the ends');
-    assert.match(text, /SET NOCOUNT ON; SET XACT_ABORT ON;[\s\S]*BEGIN TRANSACTION;/, 'the RECEIVEs still roll back if the batch is cancelled');
+    assert.equal(ends.length, 2, 'the ends together, then one by one');
+    assert.ok(!ends[0].tried && ends[1].tried, 'the second END CONVERSATION is alone in a TRY block followed by its CATCH');
+    assert.match(ends[1].catchBody, /INSERT @failed VALUES \(@h, ERROR_NUMBER\(\), ERROR_MESSAGE\(\)\)/);
+    const oneByOne = /SET XACT_ABORT OFF;\s*IF @endedTogether = 0\s*BEGIN([\s\S]*?)DEALLOCATE ends;\s*END;/.exec(text);
+    assert.ok(oneByOne, 'XACT_ABORT goes off after the transaction whatever it did; the one-by-one ends run only when it failed');
+    assert.ok(oneByOne.index > text.lastIndexOf('END CATCH;\nEND;'), 'after the transaction of the ends');
+    assert.doesNotMatch(oneByOne[1], /BEGIN TRANSACTION/, 'each end its own autocommit transaction: a failed one rolls back alone');
+    assert.equal(text.match(/BEGIN TRANSACTION/g)?.length, 2, "the receive's transaction and the ends' one, no other");
     // result sets: the Status rows, the failed ends, the count of messages taken
     assert.match(text, /FROM @m\s+WHERE message_type_name = N'asyncexec\/Status'/);
     assert.match(text, /SELECT LOWER\(CONVERT\(nvarchar\(36\), conversation_handle\)\) AS handle, error_number, error_message FROM @failed;/);

@@ -58,24 +58,80 @@ CLOSE ends;
 DEALLOCATE ends;`;
 }
 
+/** The dialogs a receive batch ends: those whose EndDialog or Error message it took. */
+const ENDED_DIALOGS = `SELECT DISTINCT conversation_handle FROM @m WHERE message_type_name IN (N'${END_DIALOG}', N'${ERROR}')`;
+
+/**
+ * END CONVERSATION for every handle `handles` selects, in ONE transaction (one log flush for
+ * all of them), with XACT_ABORT ON. If any of them fails, the CATCH rolls the transaction
+ * back (under XACT_ABORT ON an error in a TRY block leaves it uncommittable, XACT_STATE() = -1:
+ * only a full rollback is allowed), so none of them is ended, and @endedTogether (declared by
+ * the caller, 1 beforehand) is 0: the caller then ends them one by one (endEach). Service
+ * Broker statements are transactional: a rolled-back END CONVERSATION leaves the dialog as it
+ * was, and its EndDialog message to the other side is sent only at the commit. No transaction
+ * is opened when there is nothing to end.
+ */
+function endTogether(handles: string): string {
+  return `IF EXISTS (${handles})
+BEGIN
+    BEGIN TRY
+        BEGIN TRANSACTION;
+        DECLARE together CURSOR LOCAL STATIC FOR
+            ${handles};
+        OPEN together;
+        FETCH NEXT FROM together INTO @h;
+        WHILE @@FETCH_STATUS = 0
+        BEGIN
+            END CONVERSATION @h;
+            FETCH NEXT FROM together INTO @h;
+        END;
+        CLOSE together;
+        DEALLOCATE together;
+        COMMIT TRANSACTION;
+    END TRY
+    BEGIN CATCH
+        IF XACT_STATE() <> 0 ROLLBACK TRANSACTION;
+        SET @endedTogether = 0;
+    END CATCH;
+END;`;
+}
+
 /**
  * One round trip on the notification queue. Wait for the first messages, take whatever
  * else is queued (each RECEIVE returns the messages of one conversation group, i.e. of one
  * call), and COMMIT: the messages are consumed whatever happens next. Only then end the
- * dialogs whose EndDialog or Error arrived, each in its own TRY…CATCH, outside any
- * transaction. An END CONVERSATION that fails (a login that is neither the dialog's owner
- * nor db_owner nor sysadmin may not end it: END CONVERSATION, Permissions) used to roll the
- * RECEIVE back under XACT_ABORT, so the same messages came back every cycle and nothing
- * was delivered again. Now it is reported in the second result set (handle, error) and
- * retried a few times by retryEndsBatch.
+ * dialogs whose EndDialog or Error arrived. An END CONVERSATION that fails (a login that is
+ * neither the dialog's owner nor db_owner nor sysadmin may not end it: END CONVERSATION,
+ * Permissions) used to roll the RECEIVE back under XACT_ABORT, so the same messages came back
+ * every cycle and nothing was delivered again. Now it is reported in the second result set
+ * (handle, error) and retried a few times by retryEndsBatch.
  *
- * XACT_ABORT stays ON for the receive transaction: a cancelled or timed-out batch rolls
- * its RECEIVEs back (the messages stay queued). It is turned OFF after the COMMIT: with no
- * transaction open, each END is its own autocommit transaction, so a failed one rolls back
- * alone and the CATCH finds XACT_STATE() = 0 (XACT_STATE: a -1 state allows only a full
- * rollback, which ON would force on any error inside a TRY…CATCH around an open transaction).
- * The @m table variable keeps its rows through any rollback, so the Status rows are
- * returned whatever the ends did.
+ * The ends go first all together, in ONE transaction of their own (endTogether): one log
+ * flush for the batch's dialogs instead of one each. Ended one at a time, each END is its own
+ * autocommit transaction waiting for its own flush, so under load (166 calls a batch at most:
+ * three messages a call) the listener spent a flush per call, one after the other, and could
+ * not end dialogs faster than the log's flush rate. If any END of that transaction fails, the
+ * whole transaction is rolled back (none of them ended) and they are ended one by one instead,
+ * each in its own TRY…CATCH (endEach), so that only the failing one is reported and the others
+ * are ended.
+ *
+ * XACT_ABORT stays ON for the receive transaction and for the ends' transaction: a run-time
+ * error in either ends and rolls back the transaction it is in (SET XACT_ABORT); inside the
+ * ends' TRY it makes that transaction uncommittable (XACT_STATE() = -1) and the CATCH rolls it
+ * back, which is all it has to do. A batch cut by a timeout or a cancel (an attention, which no
+ * TRY…CATCH catches and which by itself neither commits nor rolls back an open transaction)
+ * never leaves a transaction open for later: the listener drops its connection after any
+ * batch that failed or was cancelled (ConnectionLoop.run and close), and a disconnect rolls
+ * the session's open transaction back. Cut in the receive, the messages stay queued for the
+ * next batch; cut in the ends, that batch's dialogs stay open (their messages were delivered),
+ * as when a batch was cut among its one-by-one ends.
+ * XACT_ABORT is turned OFF after the ends' transaction, whatever it did: for the one-by-one
+ * ends, where with no transaction open each END is its own autocommit transaction, so a
+ * failed one rolls back alone and the CATCH finds XACT_STATE() = 0 (XACT_STATE: a -1 state
+ * allows only a full rollback, which ON would force on any error inside a TRY…CATCH around an
+ * open transaction); and for the result sets, so that a run-time error in one of them does
+ * not end the batch before the others. The @m table variable keeps its rows through
+ * any rollback, so the Status rows are returned whatever the ends did.
  */
 export function receiveBatch(waitMs: number, batchSize: number): string {
   const wait = Math.max(0, Math.trunc(waitMs));
@@ -83,7 +139,7 @@ export function receiveBatch(waitMs: number, batchSize: number): string {
   return `SET NOCOUNT ON; SET XACT_ABORT ON;
 DECLARE @m TABLE (conversation_handle uniqueidentifier, message_type_name sysname, message_body varbinary(max), queuing_order bigint);
 DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
-DECLARE @got int, @total int, @h uniqueidentifier;
+DECLARE @got int, @total int, @h uniqueidentifier, @endedTogether bit = 1;
 BEGIN TRANSACTION;
 WAITFOR (RECEIVE conversation_handle, message_type_name, message_body, queuing_order
            FROM asyncexec.AsyncExecNotifyQueue INTO @m), TIMEOUT ${wait};
@@ -98,8 +154,12 @@ BEGIN
     SET @total += @got;
 END;
 COMMIT TRANSACTION;
+${endTogether(ENDED_DIALOGS)}
 SET XACT_ABORT OFF;
-${endEach(`SELECT DISTINCT conversation_handle FROM @m WHERE message_type_name IN (N'${END_DIALOG}', N'${ERROR}')`)}
+IF @endedTogether = 0
+BEGIN
+    ${endEach(ENDED_DIALOGS)}
+END;
 SELECT CAST(message_body AS xml).value('(/status/@id)[1]', 'bigint') AS id,
        CAST(message_body AS xml).value('(/status/@status)[1]', 'varchar(10)') AS status,
        CAST(message_body AS xml).value('(/status/@cursor)[1]', 'varchar(18)') AS [cursor]
