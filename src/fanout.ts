@@ -6,7 +6,7 @@
  * turned into JSON once for all the subscribers it is handed to (serializedOnce). A socket's
  * messages of one turn of the event loop leave in one write (coalescingWrites).
  */
-import { createSourceEventStream, execute, print, type DocumentNode, type ExecutionArgs, type ExecutionResult } from 'graphql';
+import { createSourceEventStream, execute, print, type DocumentNode, type ExecutionArgs, type ExecutionResult, type GraphQLError } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
 import type { Socket } from 'node:net';
 import WebSocket from 'ws';
@@ -26,6 +26,7 @@ function isAsyncIterable(value: unknown): value is AsyncIterable<unknown> {
 
 /**
  * `source` with each value mapped; `return` reaches the source at once, also while a `next` waits.
+ * An error that ends the stream (the source's, or the map's) is thrown as `fail` makes it.
  * A class, not closures: a subscriber holds one of these all its life.
  */
 class MappedEvents<T, U> implements AsyncGenerator<U> {
@@ -33,6 +34,7 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
   constructor(
     source: AsyncIterable<T>,
     private readonly map: (value: T) => U | Promise<U>,
+    private readonly fail: (error: unknown) => unknown = (error) => error,
   ) {
     this.iterator = source[Symbol.asyncIterator]();
   }
@@ -42,13 +44,18 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
   }
 
   async next(): Promise<IteratorResult<U>> {
-    const step = await this.iterator.next();
+    let step: IteratorResult<T>;
+    try {
+      step = await this.iterator.next();
+    } catch (error) {
+      throw this.fail(error);
+    }
     if (step.done) return { done: true, value: undefined };
     try {
       return { done: false, value: await this.map(step.value) };
     } catch (error) {
       await this.close();
-      throw error;
+      throw this.fail(error);
     }
   }
 
@@ -68,6 +75,39 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
 }
 
 /**
+ * Where a subscription's context says graphql-ws may take its events straight from this plugin
+ * (see eventsOf): set by the server on the context, which envelop copies (with this symbol
+ * key) into the context a subscription runs with, so both share the holder.
+ */
+export const SHARED_EVENTS = Symbol('asyncproc.sharedEvents');
+interface EventsHolder {
+  events?: AsyncGenerator<ExecutionResult>;
+}
+
+/** Mark a subscription's context: its events, already masked, are then kept in it for eventsOf. */
+export function holdEvents<T extends object>(context: T): T {
+  (context as Record<symbol, EventsHolder>)[SHARED_EVENTS] = {};
+  return context;
+}
+
+/**
+ * The events of a subscription this plugin made, as they leave it (each result masked once),
+ * when its context was marked by holdEvents; else `result`, as envelop returned it. Envelop wraps
+ * every subscriber's stream once more for the error-masking plugin's per-event hook (a mapped
+ * iterator and a few promises per event per subscriber: with 50 subscribers of one busy stream,
+ * about a third of the service's CPU); the plugin masks each shared result once instead, so
+ * graphql-ws can take the stream under the wrapper. Only a stream: an error result (the
+ * subscription refused) is envelop's, masked by it. What the wrapper would add per event is the
+ * masking plugin's (its onNext, and its onSubscribeError with yoga's for aborted requests), which
+ * useSharedEventExecution applies itself (`maskError`); a plugin with per-event hooks of its own
+ * (onSubscribeResult returning onNext or onEnd) would need the same here.
+ */
+export function eventsOf<T>(context: unknown, result: T): T | AsyncGenerator<ExecutionResult> {
+  const events = (context as Record<symbol, EventsHolder> | null)?.[SHARED_EVENTS]?.events;
+  return events && isAsyncIterable(result) ? events : result;
+}
+
+/**
  * Subscriptions execute each event once per (document, operation, variables, viewer): a
  * subscriber whose event object another subscriber of the same shape already executed gets that
  * result. Results are kept with the event object (a WeakMap), so they live as long as it does.
@@ -79,7 +119,17 @@ export function useSharedEventExecution(options: {
    * event is served what was read for an earlier one.
    */
   eventContext?: (context: unknown) => unknown;
+  /**
+   * The service's error masking, applied to each executed result once (the result of an event
+   * shared by many subscribers included), as envelop's masking plugin applies it per subscriber.
+   */
+  maskError?: (error: unknown) => GraphQLError;
 } = {}): Plugin {
+  const { maskError } = options;
+  const masked = (result: ExecutionResult): ExecutionResult =>
+    maskError && result.errors?.length ? { ...result, errors: result.errors.map((error) => maskError(error)) } : result;
+  // an error that ends a stream, as envelop's masking plugin makes it (an aborted request's stays as it is)
+  const failure = (error: unknown): unknown => (maskError && (error as Error | null)?.name !== 'AbortError' ? maskError(error) : error);
   const printed = new WeakMap<DocumentNode, string>();
   const results = new WeakMap<object, Map<string, Promise<ExecutionResult> | ExecutionResult>>();
   const shapeOf = (args: ExecutionArgs): string | null => {
@@ -96,9 +146,9 @@ export function useSharedEventExecution(options: {
         if (!isAsyncIterable(source)) return source;
         // worked out at the first event: a subscriber that waits long holds no shape string meanwhile
         let shape: string | null | undefined;
-        return new MappedEvents(source, (event) => {
-          const run = () =>
-            execute({ ...args, rootValue: event, contextValue: options.eventContext ? options.eventContext(args.contextValue) : args.contextValue });
+        const events = new MappedEvents(source, (event) => {
+          const run = async () =>
+            masked(await execute({ ...args, rootValue: event, contextValue: options.eventContext ? options.eventContext(args.contextValue) : args.contextValue }));
           if (shape === undefined) shape = shapeOf(args);
           if (shape === null || typeof event !== 'object' || event === null) return run();
           let byShape = results.get(event);
@@ -106,7 +156,10 @@ export function useSharedEventExecution(options: {
           let result = byShape.get(shape);
           if (result === undefined) byShape.set(shape, (result = run()));
           return result;
-        });
+        }, failure);
+        const holder = (args.contextValue as Record<symbol, EventsHolder> | null)?.[SHARED_EVENTS];
+        if (holder) holder.events = events;
+        return events;
       });
     },
   };

@@ -17,7 +17,7 @@ import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
 import { socketClass } from './edge/webSocketLimits.js';
 import { useDashboard } from './dashboard.js';
 import { EngineError, type Engine } from './engine.js';
-import { coalescingWrites, serializedOnce, useSharedEventExecution } from './fanout.js';
+import { coalescingWrites, eventsOf, holdEvents, serializedOnce, useSharedEventExecution } from './fanout.js';
 import { renderGraphiQL, useGraphiQLAssets } from './graphiql.js';
 import type { Logger } from './logger.js';
 import { ServiceMetrics } from './metrics.js';
@@ -92,6 +92,21 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
   const open = !options.authRequired;
   const suggestions = options.suggestions ?? open;
   const graphiql = options.graphiql ?? open;
+  /** An error as a client may see it: an engine's refusal by its code, anything unexpected as "Unexpected error." (logged). */
+  const masking = (error: unknown, message: string): Error => {
+    if (!suggestions) hideSuggestions(error);
+    const original = error instanceof GraphQLError ? error.originalError : error;
+    if (original instanceof EngineError) {
+      return createGraphQLError(original.message, {
+        extensions: { code: original.code },
+        path: error instanceof GraphQLError ? error.path : undefined,
+      });
+    }
+    if (!(original instanceof GraphQLError) && original !== undefined) {
+      logger.error({ err: original }, 'unexpected error (masked)');
+    }
+    return maskError(error, message, false);
+  };
   return createYoga<ServerContext, Context>({
     schema,
     graphqlEndpoint: '/graphql',
@@ -121,24 +136,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       // an HTTP request (SSE) is wanted until its client goes: the request's signal aborts then
       return { engine, hub, limits, principal, loaders: createLoaders(engine), logger, wanted: wanted ?? (() => !request?.signal.aborted) };
     },
-    maskedErrors: {
-      // never in development mode: stack and SQL text stay in the server's log
-      isDev: false,
-      maskError(error, message) {
-        if (!suggestions) hideSuggestions(error);
-        const original = error instanceof GraphQLError ? error.originalError : error;
-        if (original instanceof EngineError) {
-          return createGraphQLError(original.message, {
-            extensions: { code: original.code },
-            path: error instanceof GraphQLError ? error.path : undefined,
-          });
-        }
-        if (!(original instanceof GraphQLError) && original !== undefined) {
-          logger.error({ err: original }, 'unexpected error (masked)');
-        }
-        return maskError(error, message, false);
-      },
-    },
+    // never in development mode: stack and SQL text stay in the server's log
+    maskedErrors: { isDev: false, maskError: masking },
     plugins: [
       useReadiness(new Readiness({ engine, hub, logger, ...options.readiness })),
       ...(metrics ? [metrics.plugin()] : []),
@@ -151,7 +150,11 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
       // each event's fields read afresh (a shared result is executed once per event and shape)
-      useSharedEventExecution({ eventContext: (context) => ({ ...(context as object), loaders: createLoaders(engine) }) }),
+      useSharedEventExecution({
+        eventContext: (context) => ({ ...(context as object), loaders: createLoaders(engine) }),
+        // as yoga masks an error (its own message for the unexpected), once per shared result
+        maskError: (error) => masking(error, 'Unexpected error.') as GraphQLError,
+      }),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
   });
@@ -188,7 +191,8 @@ export async function startServer(options: ServerOptions & { port: number; host?
       execute: (args: any) => args.rootValue.execute(args),
       // an event's result is turned into JSON once for every subscriber it goes to
       onNext: (_ctx, _id, _payload, _args, result) => serializedOnce(result as ExecutionResult),
-      subscribe: (args: any) => args.rootValue.subscribe(args),
+      // a subscription's events as the shared execution hands them out, each masked once already (eventsOf)
+      subscribe: async (args: any) => eventsOf(args.contextValue, await args.rootValue.subscribe(args)),
       // credentials are checked once, at connection_init: a bad or missing one closes the socket before any subscription
       onConnect: async (ctx) => {
         const { request: req, socket } = ctx.extra as Extra & { socket: WebSocket };
@@ -252,7 +256,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
           operationName: params.operationName,
           document,
           variableValues: params.variables,
-          contextValue: await contextFactory(),
+          contextValue: holdEvents(await contextFactory()),
           rootValue: { execute, subscribe },
         };
       },

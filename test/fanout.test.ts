@@ -274,6 +274,56 @@ describe('an event shared by subscribers of one shape', () => {
   });
 });
 
+describe('an event whose fields fail', () => {
+  it('reaches every subscriber masked ("Unexpected error.", no SQL text) over graphql-ws and SSE, and the stream goes on', async () => {
+    await db.sql.query(`create schema if not exists fantest;
+      create or replace procedure fantest.quiet() language plpgsql as $$ begin end $$`);
+    await db.engine.registerProcedure('fantest.quiet');
+    const query = `subscription($f: ExecutionFilter) { executionEvents(filter: $f) { status execution { token history { status } } } }`;
+    const variables = { f: { procedure: 'fantest.quiet' } };
+    const before = t.app.hub!.size;
+    // two subscribers of one shape (one shared result per event), and one over SSE
+    const ws = t.ws();
+    const streams = [ws.iterate({ query, variables }), t.ws().iterate({ query, variables }), t.sse().iterate({ query, variables })] as AsyncIterableIterator<any>[];
+    const results: any[][] = streams.map(() => []);
+    const reading = streams.map(async (stream, i) => {
+      for await (const result of stream) {
+        results[i].push(result);
+        if (result.data?.executionEvents?.status === 'SUCCEEDED') break;
+      }
+    });
+    await waitFor(async () => t.app.hub!.size === before + 3, 5000, 'the three subscriptions to join');
+    const invoke = async () =>
+      (await t.gql(`mutation { invoke(input: { procedure: "fantest.quiet" }) { execution { token } } }`)).body.data.invoke.execution.token as string;
+    // every read of a call's history now fails, as an unexpected database error does
+    await db.sql.query('alter table asyncproc.attempts rename to attempts_away');
+    try {
+      await invoke();
+      await waitFor(async () => results.every((r) => r.some((result) => result.errors)), 15_000, 'every subscriber to hear a failed event');
+    } finally {
+      await db.sql.query('alter table asyncproc.attempts_away rename to attempts');
+    }
+    for (const [i, r] of results.entries()) {
+      const errors = r.flatMap((result) => result.errors ?? []);
+      assert.ok(errors.length > 0, `subscriber ${i}`);
+      for (const error of errors) {
+        assert.equal(error.message, 'Unexpected error.', `subscriber ${i}: ${JSON.stringify(error)}`);
+        assert.equal(error.extensions?.code, 'INTERNAL_SERVER_ERROR');
+      }
+      assert.doesNotMatch(JSON.stringify(r), /attempts|relation|does not exist/, `subscriber ${i} was shown nothing of the database's error`);
+    }
+    // the same streams go on: the next call's end reaches each of them whole
+    const token = await invoke();
+    await Promise.all(reading);
+    for (const r of results) {
+      const last = r.at(-1);
+      assert.equal(last.errors, undefined, JSON.stringify(last.errors));
+      assert.deepEqual(last.data.executionEvents.execution, { token, history: [{ status: 'SUCCEEDED' }] });
+    }
+    await ws.dispose();
+  });
+});
+
 describe("a socket's writes", () => {
   it("send a turn's first message at once, and the turn's later ones together when the turn ends", async () => {
     const { coalescingWrites } = await import('../src/fanout.js');
