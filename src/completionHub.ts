@@ -63,6 +63,8 @@ const REPLAY_PAGE = 500;
 const FEED_PAGE = 1000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** At most one line this often about subscriptions whose reads fail (a database out of reach). */
+const SUBSCRIPTION_READS_LOG_MS = 10_000;
 
 /**
  * `read` as a trigger that runs it one at a time: a trigger while it runs makes it run once
@@ -159,6 +161,12 @@ export class CompletionHub implements ListenerSink, Closeable {
   private poller: NodeJS.Timeout | null = null;
   private closed = false;
   private failures = 0;
+  /**
+   * Subscriptions' own reads (a first read, a replay) that failed since the last line about
+   * them, and when that line was written: one line per SUBSCRIPTION_READS_LOG_MS however many
+   * subscriptions wait for the database (each retrying on its own backoff).
+   */
+  private failedReads = { count: 0, since: 0, loggedAt: 0 };
   private observer: HubObserver = {};
   /** Date.now() when the listener last heard from the database (null: not yet). */
   heardAt: number | null = null;
@@ -593,10 +601,24 @@ export class CompletionHub implements ListenerSink, Closeable {
     for (let backoff = 250; ; backoff = Math.min(backoff * 2, 5000)) {
       if (stopped() || this.closed) return null;
       try {
-        return await read();
+        const value = await read();
+        if (this.failedReads.loggedAt) {
+          // the first read to succeed after failures says so, once
+          this.logger.info({ failedReads: this.failedReads.count }, 'subscriptions read the database again');
+          this.failedReads = { count: 0, since: 0, loggedAt: 0 };
+        }
+        return value;
       } catch (error) {
         if (final(error)) throw error;
-        this.logger.warn({ err: toError(error) }, 'a subscription could not read the change feed; retrying');
+        this.failedReads.count++;
+        const now = Date.now();
+        if (now - this.failedReads.loggedAt >= SUBSCRIPTION_READS_LOG_MS) {
+          this.logger.warn(
+            { err: toError(error), failedReads: this.failedReads.count, sinceMs: this.failedReads.since ? now - this.failedReads.since : 0 },
+            'subscriptions could not read the database; each tries again (failedReads: since the last such line)',
+          );
+          this.failedReads = { count: 0, since: this.failedReads.since || now, loggedAt: now };
+        }
         await sleep(backoff);
       }
     }

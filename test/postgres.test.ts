@@ -5,6 +5,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
+import pino from 'pino';
+import { Writable } from 'node:stream';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
@@ -504,6 +506,54 @@ describe('executionCompleted begun while the database cannot be reached', () => 
       await listener.close();
       await hub.close();
       await workers.close();
+      await own.close();
+    }
+  });
+});
+
+describe('many subscriptions waiting for the database', () => {
+  it('are told about in one log line, not one per subscription and try, and each hears its end once the database is back', async () => {
+    const dbUrl = await cluster.createDatabase();
+    const name = new URL(dbUrl).pathname.slice(1);
+    const own = createPostgresEngine({ connectionString: dbUrl });
+    await own.migrate();
+    await own.installDemo();
+    const lines: Record<string, any>[] = [];
+    const stream = new Writable({
+      write(chunk, _encoding, done) {
+        for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
+        done();
+      },
+    });
+    const hub = new CompletionHub(own, pino({ level: 'info' }, stream));
+    await hub.start();
+    const listener = await own.startListener(hub);
+    let workers: Closeable | null = null;
+    try {
+      const tokens = (await own.submit(Array.from({ length: 20 }, () => ({ procedure: 'demo.noop', arguments: {} })))).map((e) => e.token);
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections false`);
+      await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = $1`, [name]);
+      const heard = tokens.map(async (token) => {
+        const values: string[] = [];
+        for await (const execution of await hub.completed(token)) values.push(execution.status);
+        return values;
+      });
+      // 20 subscriptions, each trying again after 0.25, 0.5, 1 and 2 s: about 80 failed reads in 3 s
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      const waiting = lines.filter((l) => /subscriptions could not read the database/.test(l.msg));
+      assert.equal(waiting.length, 1, JSON.stringify(waiting.map((l) => l.msg)));
+      assert.equal(waiting[0].level, 40, 'a warning');
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      workers = await own.startActivator({ workerId: 'after-outage' });
+      assert.deepEqual(await Promise.all(heard), tokens.map(() => ['SUCCEEDED']));
+      const back = lines.filter((l) => /subscriptions read the database again/.test(l.msg));
+      assert.equal(back.length, 1, 'one line when the reads succeed again');
+      assert.ok(back[0].failedReads >= 20, `the failed reads since the warning are counted (${back[0].failedReads})`);
+    } finally {
+      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await listener.close();
+      await hub.close();
+      await workers?.close();
       await own.close();
     }
   });
