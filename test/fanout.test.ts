@@ -185,6 +185,50 @@ describe('executionCompleted subscribers', () => {
   });
 });
 
+describe('subscribers that leave at once', () => {
+  it('a `complete` sent with the `subscribe`, or a socket closed right after it, leaves no stream or watch behind and gets no event', async () => {
+    const streams = t.app.hub!.size;
+    const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.noop", runAt: "${new Date(Date.now() + 3_600_000).toISOString()}" }) { execution { token } } }`);
+    const token = body.data.invoke.execution.token as string;
+    const operations = [
+      { query: `subscription { executionEvents { status } }` },
+      { query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: token } },
+    ];
+    const sockets = await Promise.all(
+      Array.from({ length: 40 }, async (_, i) => {
+        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+        const after: any[] = [];
+        let acked!: () => void;
+        const ack = new Promise<void>((resolve) => (acked = resolve));
+        socket.on('message', (data) => {
+          const message = JSON.parse(String(data));
+          if (message.type === 'connection_ack') acked();
+          else after.push(message);
+        });
+        await new Promise((resolve) => socket.once('open', resolve));
+        socket.send(JSON.stringify({ type: 'connection_init' }));
+        await ack;
+        const operation = operations[i % 2];
+        // half complete in the same breath as they subscribe; the others close the socket at once
+        socket.send(JSON.stringify({ id: 's', type: 'subscribe', payload: operation }));
+        if (i % 4 < 2) socket.send(JSON.stringify({ id: 's', type: 'complete' }));
+        else socket.close();
+        return { socket, after, closing: i % 4 >= 2 };
+      }),
+    );
+    // the subscriptions resolve after the complete (their first read), and must then let go
+    await waitFor(async () => t.app.hub!.size === streams, 10_000, 'every left subscription to let go of its stream or watch');
+    // an event after they left reaches none of them
+    await t.gql(`mutation { invoke(input: { procedure: "demo.noop" }) { execution { token } } }`);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    for (const { socket, after, closing } of sockets) {
+      if (!closing) assert.deepEqual(after.filter((m) => m.type === 'next'), [], 'no event after its complete');
+      socket.close();
+    }
+    assert.equal(t.app.hub!.size, streams);
+  });
+});
+
 describe('fields an event reads afresh', () => {
   it("each event of a long-lived subscription reads its execution's history as of that event, not as of the first", async () => {
     await db.sql.query(`create schema if not exists fantest;
