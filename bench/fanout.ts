@@ -5,6 +5,7 @@
  * largest finishedAt); for the service: events delivered per second.
  *
  * BENCH_FANOUT_WATCHERS=W adds W executionCompleted subscribers, one call each (see runFanout).
+ * BENCH_FANOUT_TRANSPORT=sse: the executionEvents subscribers use graphql-sse instead of graphql-ws.
  *
  * Alone, for a profile of the service's side:
  *   BENCH_FANOUT=50 node --cpu-prof --cpu-prof-dir=/tmp/prof --import tsx bench/fanout.ts
@@ -22,6 +23,9 @@ import { loadConfig } from '../src/config.js';
 import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
 import { silentLogger } from '../src/logger.js';
 import { freePort } from '../test/support/database.js';
+
+/** BENCH_FANOUT_TRANSPORT=sse: the executionEvents subscribers use graphql-sse (one HTTP stream each) instead of graphql-ws. */
+const TRANSPORT = process.env.BENCH_FANOUT_TRANSPORT === 'sse' ? 'sse' : 'ws';
 
 export interface FanoutRun {
   subscribers: number;
@@ -89,7 +93,7 @@ export async function runFanout(databaseUrl: string, subscribers: number, calls:
   };
   try {
     const after = (await gql('{ changeCursor }')).changeCursor as string;
-    const child = fork(fileURLToPath(new URL('./fanoutClients.mjs', import.meta.url)), [JSON.stringify({ url: endpoint, subscribers, after, timeoutMs: 120_000 })], {
+    const child = fork(fileURLToPath(new URL('./fanoutClients.mjs', import.meta.url)), [JSON.stringify({ url: endpoint, subscribers, after, timeoutMs: 120_000, transport: TRANSPORT })], {
       execArgv: [],
     });
     const messages: any[] = [];

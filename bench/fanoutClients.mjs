@@ -2,13 +2,15 @@
 // share the service's core: N graphql-ws clients, one socket each, every one subscribed to
 // `executionEvents` (no filter) from the cursor it is given. Plain JavaScript: no loader needed.
 //
-// argv: { url, subscribers, after, timeoutMs }. The parent sends { expect: [...tokens] } over IPC once
+// argv: { url, subscribers, after, timeoutMs, transport }: transport 'sse' for graphql-sse clients (one
+// HTTP stream each) instead of graphql-ws. The parent sends { expect: [...tokens] } over IPC once
 // submission is over; the child answers { results } when every subscriber heard every token finish
 // (or the deadline passed).
+import { createClient as createSseClient } from 'graphql-sse';
 import { createClient } from 'graphql-ws';
 import WebSocket from 'ws';
 
-const { url, subscribers, after, timeoutMs } = JSON.parse(process.argv[2]);
+const { url, subscribers, after, timeoutMs, transport = 'ws' } = JSON.parse(process.argv[2]);
 const EVENTS = `subscription($after: String) { executionEvents(after: $after) { cursor status execution { token status } } }`;
 const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 
@@ -20,7 +22,10 @@ const check = () => {
   if (states.every((s) => s.finished.size >= expected.size || s.errors.length)) done();
 };
 const clients = states.map((state) => {
-  const client = createClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0, lazy: false });
+  const client =
+    transport === 'sse'
+      ? createSseClient({ url, retryAttempts: 0 })
+      : createClient({ url: url.replace(/^http/, 'ws'), webSocketImpl: WebSocket, retryAttempts: 0, lazy: false });
   client.subscribe(
     { query: EVENTS, variables: { after } },
     {

@@ -127,7 +127,7 @@ export function useSharedEventExecution(options: {
 } = {}): Plugin {
   const { maskError } = options;
   const masked = (result: ExecutionResult): ExecutionResult =>
-    maskError && result.errors?.length ? { ...result, errors: result.errors.map((error) => maskError(error)) } : result;
+    withSharedJson(maskError && result.errors?.length ? { ...result, errors: result.errors.map((error) => maskError(error)) } : result);
   // an error that ends a stream, as envelop's masking plugin makes it (an aborted request's stays as it is)
   const failure = (error: unknown): unknown => (maskError && (error as Error | null)?.name !== 'AbortError' ? maskError(error) : error);
   const printed = new WeakMap<DocumentNode, string>();
@@ -167,6 +167,24 @@ export function useSharedEventExecution(options: {
 
 /** A result's payload as JSON, made at its first subscriber's message, kept as long as the result. */
 const payloads = new WeakMap<object, string>();
+
+/** `result` as yoga's SSE processor writes it (plain JSON.stringify), once per result object. */
+function sharedJson(result: object): string {
+  let json = payloads.get(result);
+  if (json === undefined) payloads.set(result, (json = JSON.stringify(result)));
+  return json;
+}
+
+/**
+ * A shared result that yoga's SSE processor turns into JSON once for all its subscribers: it
+ * calls a result's own `stringify`, when it has one, with the result (or, when the result
+ * carries errors or HTTP extensions, with a sanitized copy, which is then turned into JSON on
+ * its own). Not enumerable: no JSON and no copy of the result carries it.
+ */
+function withSharedJson(result: ExecutionResult): ExecutionResult {
+  if (!result.errors?.length) Object.defineProperty(result, 'stringify', { value: sharedJson, enumerable: false });
+  return result;
+}
 /** What a payload's toJSON() writes in graphql-ws's message, for the socket's send to replace with the payload's JSON. */
 const PAYLOAD_MARK = '\u0000asyncproc:payload';
 const MARKED_END = `"payload":${JSON.stringify(PAYLOAD_MARK)}}`;

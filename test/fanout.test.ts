@@ -368,6 +368,53 @@ describe('an event whose fields fail', () => {
   });
 });
 
+describe('an event shared by SSE subscribers of one shape', () => {
+  it('is turned into JSON once for all of them, and each gets the same events', async () => {
+    const query = `subscription($f: ExecutionFilter) { executionEvents(filter: $f) { status execution { token arguments } } }`;
+    const variables = { f: { procedure: 'demo.add' } };
+    const received: any[][] = [[], [], []];
+    const clients = received.map(() => t.sse());
+    const unsubscribes = clients.map((client, i) =>
+      client.subscribe({ query, variables }, { next: (result) => received[i].push(result), error: () => undefined, complete: () => undefined }),
+    );
+    const invoke = async (a: number) =>
+      (await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure: 'demo.add', arguments: { a, b: 2 } } })).body.data.invoke.execution
+        .token as string;
+    const ended = (r: any[], token: string) => r.some((result) => result.data?.executionEvents?.status === 'SUCCEEDED' && result.data.executionEvents.execution.token === token);
+    // the streams are in once each has heard a call end (the hub's count is shared with the file's other subscribers)
+    await waitFor(
+      async () => {
+        const first = await invoke(0);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        return received.every((r) => ended(r, first));
+      },
+      15_000,
+      'every subscriber to hear a first end',
+    );
+    // events of the warm-up calls still on their way are let through before counting starts
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    for (const r of received) r.length = 0;
+    const stringify = JSON.stringify;
+    let written = 0;
+    JSON.stringify = function (value: any, ...rest: any[]) {
+      if (value?.data?.executionEvents) written++;
+      return stringify.call(JSON, value, ...rest);
+    } as typeof JSON.stringify;
+    let token: string;
+    try {
+      token = await invoke(1);
+      await waitFor(async () => received.every((r) => ended(r, token)), 15_000, 'every subscriber to hear the end');
+    } finally {
+      JSON.stringify = stringify;
+      unsubscribes.forEach((unsubscribe) => unsubscribe());
+    }
+    for (const r of received) assert.deepEqual(r, received[0], 'every subscriber is sent the same events');
+    assert.ok(received[0].length >= 1 && received[0].every((result) => result.data.executionEvents.execution.arguments.b === 2));
+    // the client's own parsing is not counted: only the server's writing of an event's result
+    assert.equal(written, received[0].length, 'each event written once, not once per subscriber');
+  });
+});
+
 describe("a socket's writes", () => {
   it("send a turn's first message at once, and the turn's later ones together when the turn ends", async () => {
     const { coalescingWrites } = await import('../src/fanout.js');
