@@ -20,6 +20,12 @@ function viewerOf(context: unknown): string | null {
   return JSON.stringify([isAdmin(principal), ownerFilter(principal), [...(callerRoles(principal) ?? [])].sort()]);
 }
 
+/** What yoga lets through its masking as an aborted request: a DOMException named AbortError or TimeoutError, nothing else. */
+function isAbortError(error: unknown): boolean {
+  const e = error as { constructor?: { name?: string }; name?: string } | null;
+  return e?.constructor?.name === 'DOMException' && (e.name === 'AbortError' || e.name === 'TimeoutError');
+}
+
 function isAsyncIterable(value: unknown): value is AsyncIterable<unknown> {
   return typeof value === 'object' && value !== null && Symbol.asyncIterator in value;
 }
@@ -128,8 +134,9 @@ export function useSharedEventExecution(options: {
   const { maskError } = options;
   const masked = (result: ExecutionResult): ExecutionResult =>
     withSharedJson(maskError && result.errors?.length ? { ...result, errors: result.errors.map((error) => maskError(error)) } : result);
-  // an error that ends a stream, as envelop's masking plugin makes it (an aborted request's stays as it is)
-  const failure = (error: unknown): unknown => (maskError && (error as Error | null)?.name !== 'AbortError' ? maskError(error) : error);
+  // an error that ends a stream, as envelop's masking plugin makes it; an aborted request's
+  // (a DOMException AbortError or TimeoutError, yoga's own test) stays as it is
+  const failure = (error: unknown): unknown => (maskError && !isAbortError(error) ? maskError(error) : error);
   const printed = new WeakMap<DocumentNode, string>();
   const results = new WeakMap<object, Map<string, Promise<ExecutionResult> | ExecutionResult>>();
   const shapeOf = (args: ExecutionArgs): string | null => {

@@ -415,6 +415,46 @@ describe('an event shared by SSE subscribers of one shape', () => {
   });
 });
 
+describe('an error that ends a shared stream', () => {
+  it('is masked unless it is an aborted request (a DOMException): a plain error named AbortError is not let through', async () => {
+    const { envelop, useEngine, useSchema } = await import('@envelop/core');
+    const graphql = await import('graphql');
+    const { useSharedEventExecution } = await import('../src/fanout.js');
+    const failing = (error: unknown) =>
+      new graphql.GraphQLSchema({
+        query: new graphql.GraphQLObjectType({ name: 'Query', fields: { ok: { type: graphql.GraphQLBoolean } } }),
+        subscription: new graphql.GraphQLObjectType({
+          name: 'Subscription',
+          fields: {
+            ended: {
+              type: graphql.GraphQLBoolean,
+              subscribe: async function* () {
+                yield { ended: true };
+                throw error;
+              },
+            },
+          },
+        }),
+      });
+    const maskError = (error: unknown) => new graphql.GraphQLError(error instanceof graphql.GraphQLError && !error.originalError ? error.message : 'Unexpected error.');
+    const ends = async (error: unknown) => {
+      const getEnveloped = envelop({ plugins: [useEngine(graphql), useSchema(failing(error)), useSharedEventExecution({ maskError })] });
+      const { subscribe, schema, contextFactory } = getEnveloped();
+      const stream = (await subscribe({ schema, document: graphql.parse('subscription { ended }'), contextValue: await contextFactory() })) as AsyncIterator<unknown>;
+      assert.deepEqual(JSON.parse(JSON.stringify(await stream.next())), { done: false, value: { data: { ended: true } } });
+      return stream.next().then(
+        () => assert.fail('the stream should end with an error'),
+        (thrown: Error) => thrown,
+      );
+    };
+    const named = Object.assign(new Error('secret abort text'), { name: 'AbortError' });
+    assert.equal((await ends(named)).message, 'Unexpected error.', 'a plain error named AbortError is masked');
+    assert.equal((await ends(new Error('select * from secret'))).message, 'Unexpected error.');
+    const aborted = new DOMException('The operation was aborted', 'AbortError');
+    assert.equal(await ends(aborted), aborted, 'an aborted request stays as it is, as yoga lets it through');
+  });
+});
+
 describe("a socket's writes", () => {
   it("send a turn's first message at once, and the turn's later ones together when the turn ends", async () => {
     const { coalescingWrites } = await import('../src/fanout.js');
