@@ -175,10 +175,18 @@ export function useSharedEventExecution(options: {
 /** A result's payload as JSON, made at its first subscriber's message, kept as long as the result. */
 const payloads = new WeakMap<object, string>();
 
-/** `result` as yoga's SSE processor writes it (plain JSON.stringify), once per result object. */
-function sharedJson(result: object): string {
+/**
+ * A result's payload as JSON, the one graphql-ws writes (the result, its errors by their
+ * toJSON(), last), once per result object. Without errors it is the result's plain JSON, as
+ * yoga's SSE writer makes it.
+ */
+function payloadJson(result: ExecutionResult): string {
   let json = payloads.get(result);
-  if (json === undefined) payloads.set(result, (json = JSON.stringify(result)));
+  if (json === undefined) {
+    const { errors, ...rest } = result;
+    json = JSON.stringify(errors ? { ...rest, errors: errors.map((e) => e.toJSON()) } : rest);
+    payloads.set(result, json);
+  }
   return json;
 }
 
@@ -189,7 +197,7 @@ function sharedJson(result: object): string {
  * its own). Not enumerable: no JSON and no copy of the result carries it.
  */
 function withSharedJson(result: ExecutionResult): ExecutionResult {
-  if (!result.errors?.length) Object.defineProperty(result, 'stringify', { value: sharedJson, enumerable: false });
+  if (!result.errors?.length) Object.defineProperty(result, 'stringify', { value: payloadJson, enumerable: false });
   return result;
 }
 /** What a payload's toJSON() writes in graphql-ws's message, for the socket's send to replace with the payload's JSON. */
@@ -217,13 +225,7 @@ class SerializedPayload {
  * subscription id the client chose, so a client cannot make it appear anywhere else.
  */
 export function serializedOnce(result: ExecutionResult): ExecutionResult {
-  let json = payloads.get(result);
-  if (json === undefined) {
-    const { errors, ...rest } = result;
-    json = JSON.stringify(errors ? { ...rest, errors: errors.map((e) => e.toJSON()) } : rest);
-    payloads.set(result, json);
-  }
-  return new SerializedPayload(json) as ExecutionResult;
+  return new SerializedPayload(payloadJson(result)) as ExecutionResult;
 }
 
 /** A message graphql-ws wrote with a SerializedPayload, its mark replaced by the payload's JSON. */
