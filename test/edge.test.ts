@@ -2,26 +2,13 @@
 import assert from 'node:assert/strict';
 import { request as httpRequest } from 'node:http';
 import { connect } from 'node:net';
-import { Writable } from 'node:stream';
 import { after, before, describe, it } from 'node:test';
-import pino from 'pino';
 import WebSocket from 'ws';
 import { Authenticator } from '../src/auth/authenticate.js';
 import { startServer, type RunningServer } from '../src/server.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
 import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
-
-/** Every log line the service writes, parsed. */
-function capturingLogger() {
-  const lines: Record<string, any>[] = [];
-  const stream = new Writable({
-    write(chunk, _encoding, done) {
-      for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
-      done();
-    },
-  });
-  return { logger: pino({ level: 'debug' }, stream), lines };
-}
+import { capturingLogger } from './support/logs.js';
 
 let cluster: TestCluster;
 let t: TestApp;

@@ -27,6 +27,23 @@ before(async () => {
   t = await startTestApp(db.url, { ASYNCPROC_MAX_SUBSCRIBER_QUEUE: String(QUEUE) });
 });
 
+/** A graphql-transport-ws socket of our own, past connection_ack; `messages`: every later message it receives. */
+async function rawClient(): Promise<{ socket: WebSocket; messages: any[] }> {
+  const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+  const messages: any[] = [];
+  const acked = new Promise<void>((resolve) =>
+    socket.on('message', (data) => {
+      const message = JSON.parse(String(data));
+      if (message.type === 'connection_ack') resolve();
+      else messages.push(message);
+    }),
+  );
+  await new Promise((resolve) => socket.once('open', resolve));
+  socket.send(JSON.stringify({ type: 'connection_init' }));
+  await acked;
+  return { socket, messages };
+}
+
 after(async () => {
   await t?.stop();
   await db?.engine.close();
@@ -196,18 +213,7 @@ describe('subscribers that leave at once', () => {
     ];
     const sockets = await Promise.all(
       Array.from({ length: 40 }, async (_, i) => {
-        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
-        const after: any[] = [];
-        let acked!: () => void;
-        const ack = new Promise<void>((resolve) => (acked = resolve));
-        socket.on('message', (data) => {
-          const message = JSON.parse(String(data));
-          if (message.type === 'connection_ack') acked();
-          else after.push(message);
-        });
-        await new Promise((resolve) => socket.once('open', resolve));
-        socket.send(JSON.stringify({ type: 'connection_init' }));
-        await ack;
+        const { socket, messages: after } = await rawClient();
         const operation = operations[i % 2];
         // half complete in the same breath as they subscribe; the others close the socket at once
         socket.send(JSON.stringify({ id: 's', type: 'subscribe', payload: operation }));
@@ -269,16 +275,7 @@ describe('an event shared by subscribers of one shape', () => {
     const ids = ['1', '\u0000asyncproc:payload', 'x","type":"next","payload":"\u0000asyncproc:payload"}'];
     const clients = await Promise.all(
       ids.map(async (id) => {
-        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
-        const messages: any[] = [];
-        const acked = new Promise<void>((resolve) => socket.on('message', (data) => {
-          const message = JSON.parse(String(data));
-          if (message.type === 'connection_ack') resolve();
-          else messages.push(message);
-        }));
-        await new Promise((resolve) => socket.once('open', resolve));
-        socket.send(JSON.stringify({ type: 'connection_init' }));
-        await acked;
+        const { socket, messages } = await rawClient();
         socket.send(JSON.stringify({ id, type: 'subscribe', payload: { query, variables } }));
         return { id, socket, messages };
       }),

@@ -5,8 +5,6 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
-import pino from 'pino';
-import { Writable } from 'node:stream';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
@@ -14,6 +12,7 @@ import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
 import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { capturingLogger } from './support/logs.js';
 
 let cluster: TestCluster;
 let url: string;
@@ -475,21 +474,33 @@ describe('subscribers in step with a read of the feed', () => {
   });
 });
 
+/**
+ * A demo database of its own and its engine; `reach(false)` refuses its connections and cuts
+ * the open ones (a database out of reach), `reach(true)` lets them in again.
+ */
+async function outageDatabase() {
+  const dbUrl = await cluster.createDatabase();
+  const name = new URL(dbUrl).pathname.slice(1);
+  const own = createPostgresEngine({ connectionString: dbUrl });
+  await own.migrate();
+  await own.installDemo();
+  const reach = async (open: boolean) => {
+    await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections ${open}`);
+    if (!open) await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = $1`, [name]);
+  };
+  return { own, reach };
+}
+
 describe('executionCompleted begun while the database cannot be reached', () => {
   it('waits for the database rather than fail, then hears the end once', async () => {
-    const dbUrl = await cluster.createDatabase();
-    const name = new URL(dbUrl).pathname.slice(1);
-    const own = createPostgresEngine({ connectionString: dbUrl });
-    await own.migrate();
-    await own.installDemo();
+    const { own, reach } = await outageDatabase();
     const workers = await own.startActivator({ workerId: 'outage' });
     const hub = new CompletionHub(own, silentLogger);
     await hub.start();
     const listener = await own.startListener(hub);
     try {
       const [{ token }] = await own.submit([{ procedure: 'demo.sleep', arguments: { seconds: 0.3 } }]);
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections false`);
-      await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = $1`, [name]);
+      await reach(false);
       const values: string[] = [];
       const hearing = (async () => {
         for await (const execution of await hub.completed(token)) values.push(execution.status);
@@ -498,11 +509,11 @@ describe('executionCompleted begun while the database cannot be reached', () => 
       hearing.catch((error) => (failed = error));
       await new Promise((resolve) => setTimeout(resolve, 1500));
       assert.equal(failed, null, 'the subscription did not fail while the database was out of reach');
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await reach(true);
       await hearing;
       assert.deepEqual(values, ['SUCCEEDED']);
     } finally {
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await reach(true);
       await listener.close();
       await hub.close();
       await workers.close();
@@ -513,26 +524,15 @@ describe('executionCompleted begun while the database cannot be reached', () => 
 
 describe('many subscriptions waiting for the database', () => {
   it('are told about in one log line, not one per subscription and try, and each hears its end once the database is back', async () => {
-    const dbUrl = await cluster.createDatabase();
-    const name = new URL(dbUrl).pathname.slice(1);
-    const own = createPostgresEngine({ connectionString: dbUrl });
-    await own.migrate();
-    await own.installDemo();
-    const lines: Record<string, any>[] = [];
-    const stream = new Writable({
-      write(chunk, _encoding, done) {
-        for (const line of String(chunk).split('\n').filter(Boolean)) lines.push(JSON.parse(line));
-        done();
-      },
-    });
-    const hub = new CompletionHub(own, pino({ level: 'info' }, stream));
+    const { own, reach } = await outageDatabase();
+    const { logger, lines } = capturingLogger('info');
+    const hub = new CompletionHub(own, logger);
     await hub.start();
     const listener = await own.startListener(hub);
     let workers: Closeable | null = null;
     try {
       const tokens = (await own.submit(Array.from({ length: 20 }, () => ({ procedure: 'demo.noop', arguments: {} })))).map((e) => e.token);
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections false`);
-      await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where datname = $1`, [name]);
+      await reach(false);
       const heard = tokens.map(async (token) => {
         const values: string[] = [];
         for await (const execution of await hub.completed(token)) values.push(execution.status);
@@ -543,14 +543,14 @@ describe('many subscriptions waiting for the database', () => {
       const waiting = lines.filter((l) => /subscriptions could not read the database/.test(l.msg));
       assert.equal(waiting.length, 1, JSON.stringify(waiting.map((l) => l.msg)));
       assert.equal(waiting[0].level, 40, 'a warning');
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await reach(true);
       workers = await own.startActivator({ workerId: 'after-outage' });
       assert.deepEqual(await Promise.all(heard), tokens.map(() => ['SUCCEEDED']));
       const back = lines.filter((l) => /subscriptions read the database again/.test(l.msg));
       assert.equal(back.length, 1, 'one line when the reads succeed again');
       assert.ok(back[0].failedReads >= 20, `the failed reads since the warning are counted (${back[0].failedReads})`);
     } finally {
-      await sql.query(`alter database ${sql.escapeIdentifier(name)} allow_connections true`);
+      await reach(true);
       await listener.close();
       await hub.close();
       await workers?.close();
