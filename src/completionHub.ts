@@ -58,6 +58,13 @@ interface EventStream {
   receive(batch: FeedBatch): void;
 }
 
+/** A stream that ends at once: the hub is closing, or the subscriber left before its first read. */
+function endedStream<T>(): EventQueue<T> {
+  const queue = new EventQueue<T>();
+  queue.end();
+  return queue;
+}
+
 /** Rows per page of a replay and of a feed read. */
 const REPLAY_PAGE = 500;
 const FEED_PAGE = 1000;
@@ -307,10 +314,10 @@ export class CompletionHub implements ListenerSink, Closeable {
     // the listener loaded the row: no need to read it again
     const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers);
     // tried until it succeeds (a database restarting meanwhile delays the subscription, never fails
-    // it); an engine's refusal (EngineError: a malformed token, say) is final
+    // it); an engine's refusal (EngineError: a malformed token, say) and a permanent error are final
     let found: { row: Execution | null } | null;
     try {
-      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), (error) => error instanceof EngineError);
+      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), this.final);
     } catch (error) {
       unwatch();
       throw error;
@@ -341,8 +348,11 @@ export class CompletionHub implements ListenerSink, Closeable {
    * that were replaced before the hub read them, are skipped: the latest always wins.
    * NOT_FOUND as for `completed`. Engines without progress end the stream at the end.
    */
-  async progress(token: string, visible: (execution: Execution) => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
-    const first = await this.engine.getExecution(token);
+  async progress(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
+    // waits for the database as `completed` does
+    const found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), this.final);
+    if (!found) return endedStream<Execution>();
+    const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
     const id = first.id;
     return new Repeater<Execution>(async (push, stop) => {
@@ -393,11 +403,16 @@ export class CompletionHub implements ListenerSink, Closeable {
    * before the subscription began. A batch ends in the transaction that ends its last
    * execution, so the batch is read again whenever one of its executions ends.
    */
-  async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true): Promise<AsyncIterableIterator<Batch>> {
-    const first = await this.engine.getBatch(id);
+  async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Batch>> {
+    // waits for the database as `completed` does
+    const found = await this.untilRead(async () => ({ row: await this.engine.getBatch(id) }), () => !wanted(), this.final);
+    if (!found) return endedStream<Batch>();
+    const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
+    const executions = await this.untilRead(() => this.engine.getBatchExecutions(id), () => !wanted(), this.final);
+    if (!executions) return endedStream<Batch>();
     return this.once({
-      executionIds: (await this.engine.getBatchExecutions(id)).map((execution) => execution.id),
+      executionIds: executions.map((execution) => execution.id),
       first,
       read: () => this.engine.getBatch(id),
       ended: (batch) => batch.status !== 'RUNNING',
@@ -521,7 +536,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     void (async () => {
       try {
         // read after joining the feed: what the feed hands out from now on is past `upper` or seen by it
-        const upper = await this.untilRead(() => this.engine.currentPosition(), stopped);
+        const upper = await this.untilRead(() => this.engine.currentPosition(), stopped, this.final);
         if (!upper) return;
         if (floor && floor.xmax > upper.xmax) {
           // Writers are numbered in commit-independent order and only ever forward: a cursor past
@@ -539,7 +554,7 @@ export class CompletionHub implements ListenerSink, Closeable {
         covered = floor ?? upper;
         if (floor) {
           // everything `upper` sees and `floor` does not, matching the filter; a page at a time as the subscriber takes them
-          const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), stopped);
+          const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), stopped, this.final);
           for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper)) {
             emit(batch);
             await queue.drained(REPLAY_PAGE);
@@ -595,6 +610,13 @@ export class CompletionHub implements ListenerSink, Closeable {
       if (final) return;
     }
   }
+
+  /**
+   * A subscriber's first read gives up on an engine's refusal (EngineError: a malformed token, say)
+   * and on a database error that waiting will not mend (a missing table, a permission denied):
+   * the subscriber is told (an unexpected error, logged) rather than kept waiting in silence.
+   */
+  private readonly final = (error: unknown): boolean => error instanceof EngineError || !this.engine.isTransient(error);
 
   /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left), unless `final` says an error is for good. */
   private async untilRead<T>(read: () => Promise<T>, stopped: () => boolean, final: (error: unknown) => boolean = () => false): Promise<T | null> {

@@ -525,6 +525,13 @@ export interface Engine<Tx = unknown> {
   submit?(calls: readonly InvokeCall[]): Promise<Execution[]>;
   getExecution(token: string): Promise<Execution | null>;
   getExecutions(tokens: readonly string[]): Promise<Execution[]>;
+  /**
+   * Whether a failed database request may succeed if only tried again later: the connection was
+   * lost or refused, the database is restarting or failing over, the request lost a deadlock or
+   * timed out. Not: a missing table, a permission denied, a bad statement (those wait for a
+   * person). A subscriber's first read retries the first kind and fails at once on the second.
+   */
+  isTransient(error: unknown): boolean;
   listExecutions(filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage>;
   countExecutions(filter: ExecutionFilter): Promise<number>;
   /**

@@ -373,6 +373,113 @@ describe('faults', () => {
     }
   });
 
+  it("subscribers of a batch's end and of a call's progress also wait for a database out of reach, and hear the end once it is back", async () => {
+    const dbUrl = await cluster.createDatabase();
+    const dbName = new URL(dbUrl).pathname.slice(1);
+    const admin = await cluster.connect(cluster.server.url);
+    const app = await startTestApp(dbUrl);
+    try {
+      // due in an hour: nothing ends them but the cancels below
+      const runAt = new Date(Date.now() + 3_600_000).toISOString();
+      const submitted = await app.gql(`mutation($r: DateTime!) { submitBatch(input: { stages: [[{ procedure: "demo.noop", runAt: $r }]] }) { batch { id } } }`, { r: runAt });
+      const batchId = submitted.body.data.submitBatch.batch.id as string;
+      const invoked = await app.gql(`mutation($r: DateTime!) { invoke(input: { procedure: "demo.noop", runAt: $r }) { execution { token } } }`, { r: runAt });
+      const token = invoked.body.data.invoke.execution.token as string;
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections false`);
+      await admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [dbName]);
+
+      const heard: { batch: unknown[]; progress: unknown[] } = { batch: [], progress: [] };
+      const done = { batch: false, progress: false };
+      const sink = (key: 'batch' | 'progress') => ({
+        next: (value: unknown) => heard[key].push(value),
+        error: (error: unknown) => heard[key].push(error),
+        complete: () => (done[key] = true),
+      });
+      const client = app.ws();
+      client.subscribe({ query: `subscription($id: ID!) { batchCompleted(id: $id) { status } }`, variables: { id: batchId } }, sink('batch'));
+      client.subscribe({ query: `subscription($t: ID!) { executionProgress(token: $t) { token status } }`, variables: { t: token } }, sink('progress'));
+      // several tries of their first read fail meanwhile (250 ms, then doubled)
+      await sleep(2000);
+      assert.deepEqual(heard, { batch: [], progress: [] }, 'while the database is out of reach, they wait: no error, no event');
+      assert.deepEqual(done, { batch: false, progress: false });
+
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`);
+      // their first reads succeed on a later try, and their watches begin: the batch's (one call), and
+      // the progress stream's two (its reports, and its call's end)
+      await waitFor(async () => app.app.hub!.size === 3, 15_000, 'both subscriptions watching once the database is back');
+      const cancelled = await app.gql(`mutation($id: ID!, $t: ID!) { cancelBatch(id: $id) { batch { status } } cancelExecution(token: $t) { execution { status } } }`, {
+        id: batchId,
+        t: token,
+      });
+      assert.equal(cancelled.body.errors, undefined, JSON.stringify(cancelled.body.errors));
+      await waitFor(async () => done.batch && done.progress, 15_000, 'both streams ended');
+      assert.deepEqual(heard.batch, [{ data: { batchCompleted: { status: 'CANCELLED' } } }], "the batch's subscriber hears its end, once");
+      assert.deepEqual(heard.progress, [], 'no progress was reported; the stream ends with the call, without an error');
+      await client.dispose();
+    } finally {
+      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`).catch(() => undefined);
+      await admin.end();
+      await app.stop();
+    }
+  });
+
+  it('a subscriber whose first read meets an error that waiting will not mend (a missing table) is told at once, masked, and nothing waits behind it', async () => {
+    const dbUrl = await cluster.createDatabase();
+    const app = await startTestApp(dbUrl);
+    const db = await cluster.connect(dbUrl);
+    try {
+      const invoked = await app.gql(`mutation { invoke(input: { procedure: "demo.noop", runAt: "${new Date(Date.now() + 3_600_000).toISOString()}" }) { execution { token } } }`);
+      const token = invoked.body.data.invoke.execution.token as string;
+      const cursor = (await app.gql('{ changeCursor }')).body.data.changeCursor as string;
+      await app.gql(`mutation { invoke(input: { procedure: "demo.noop" }) { execution { token } } }`);
+      // a DBA's slip: the service's table is not where it should be (42P01, for every read)
+      await db.query('alter table asyncproc.executions rename to executions_elsewhere');
+      const client = app.ws();
+      const ask = (query: string) =>
+        new Promise<unknown[]>((resolve) => {
+          const heard: unknown[] = [];
+          setTimeout(() => resolve([...heard, 'no answer within 10 s']), 10_000).unref();
+          client.subscribe({ query, variables: { t: token } }, {
+            next: (value) => heard.push(value),
+            error: (error) => resolve([...heard, error]),
+            complete: () => resolve(heard),
+          });
+        });
+      const started = Date.now();
+      const answers = await Promise.all([
+        ask(`subscription($t: ID!) { executionCompleted(token: $t) { status } }`),
+        ask(`subscription($t: ID!) { executionProgress(token: $t) { status } }`),
+        // its replay from the cursor reads the table
+        ask(`subscription { executionEvents(after: "${cursor}") { status } }`),
+      ]);
+      assert.ok(Date.now() - started < 5000, `answered in ${Date.now() - started} ms, not after retries`);
+      type Errors = { message: string; extensions?: { code?: string } }[];
+      for (const answer of answers) {
+        // graphql-ws: refused at subscribe, one result with the error and the stream completes; a
+        // stream that ends with an error (the replay's read), an `error` message
+        assert.equal(answer.length, 1, JSON.stringify(answer));
+        const errors = Array.isArray(answer[0]) ? (answer[0] as Errors) : (answer[0] as { errors: Errors }).errors;
+        assert.equal((answer[0] as { data?: unknown }).data ?? null, null, JSON.stringify(answer));
+        assert.equal(errors[0].message, 'Unexpected error.');
+        assert.equal(errors[0].extensions?.code, 'INTERNAL_SERVER_ERROR');
+        assert.doesNotMatch(JSON.stringify(errors), /executions|does not exist/, 'nothing of the database error reaches the client');
+      }
+      assert.equal(app.app.hub!.size, 0, 'no watch is left behind');
+
+      // mended, a new subscription is served as usual
+      await db.query('alter table asyncproc.executions_elsewhere rename to executions');
+      const heard = collect(client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: token } }));
+      await waitFor(async () => app.app.hub!.size === 1, 10_000, 'the new subscription watching');
+      await app.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: token });
+      assert.deepEqual((await heard).map((r) => r.data), [{ executionCompleted: { status: 'CANCELLED' } }]);
+      await client.dispose();
+    } finally {
+      await db.query('alter table if exists asyncproc.executions_elsewhere rename to executions').catch(() => undefined);
+      await db.end();
+      await app.stop();
+    }
+  });
+
   it('the database restarted under load: every call completes exactly once and every subscriber hears it', async () => {
     const tag = 'db-restart';
     const app = await startTestApp(url);

@@ -135,6 +135,41 @@ describe('mssql recovery: deadlock victims are run again, never reported (item 3
   });
 });
 
+describe("mssql: the engine's word on which errors pass by themselves", () => {
+  const requestError = (number: number, message = `error ${number}`) => {
+    const error = new sql.RequestError(message, 'EREQUEST');
+    error.number = number;
+    return error;
+  };
+
+  it('a connection refused, lost or timed out, a deadlock, a database not open yet may; a missing object, a permission, a refused login do not', async () => {
+    // a real driver error: nothing listens on port 1
+    const pool = new sql.ConnectionPool({ server: '127.0.0.1', port: 1, user: 'sa', password: 'x', options: { trustServerCertificate: true }, connectionTimeout: 5000 });
+    const refused = await pool.connect().then(
+      () => assert.fail('connected to port 1'),
+      (error: unknown) => error,
+    );
+    await pool.close().catch(() => undefined);
+    assert.ok(refused instanceof sql.ConnectionError, String(refused));
+    const engine = new MssqlEngine({ url: 'mssql://sa:x@127.0.0.1:1/db' });
+    try {
+      assert.equal(engine.isTransient(refused), true, `${(refused as sql.ConnectionError).code}: ${String(refused)}`);
+      for (const number of [1205, 1222, 4060, 40613, -2]) assert.equal(engine.isTransient(requestError(number)), true, `error ${number}`);
+      assert.equal(engine.isTransient(new sql.RequestError('Timeout: Request failed to complete in 15000ms', 'ETIMEOUT')), true);
+      assert.equal(engine.isTransient(new sql.ConnectionError('Connection is closed.', 'ECONNCLOSED')), true);
+      // a deadlock victim that retryDeadlocks gave up on: its cause says so
+      assert.equal(engine.isTransient(new Error('gave up', { cause: deadlock() })), true);
+
+      for (const number of [208, 229, 2627, 50001, 8134]) assert.equal(engine.isTransient(requestError(number)), false, `error ${number}`);
+      assert.equal(engine.isTransient(new sql.ConnectionError("Login failed for user 'sa'.", 'ELOGIN')), false);
+      assert.equal(engine.isTransient(new TypeError('x is undefined')), false);
+      assert.equal(engine.isTransient('oops'), false);
+    } finally {
+      await engine.close().catch(() => undefined);
+    }
+  });
+});
+
 describe('mssql recovery: concurrent cancels cannot exhaust the pool (item 10)', () => {
   /** A pool of `size` connections: acquire waits in line for a free one. */
   function fakePool(size: number) {

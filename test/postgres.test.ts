@@ -522,6 +522,55 @@ describe('executionCompleted begun while the database cannot be reached', () => 
   });
 });
 
+describe("the engine's word on which database errors pass by themselves", () => {
+  it('a lost or refused connection, a restart, a timeout or a deadlock may; a missing table, a refused permission or a bad statement do not', async () => {
+    const failure = (run: () => Promise<unknown>) => run().then(() => assert.fail('expected a failure'), (error: unknown) => error);
+    const withClient = async <T,>(fn: (client: pg.Client) => Promise<T>) => {
+      const client = await cluster.connect(url);
+      client.on('error', () => undefined);
+      try {
+        return await fn(client);
+      } finally {
+        await client.end().catch(() => undefined);
+      }
+    };
+    // each from the real server or driver
+    const transient = {
+      'connection refused': await failure(async () => {
+        const client = new pg.Client({ connectionString: url.replace(/:\d+\//, ':1/') });
+        await client.connect();
+      }),
+      'session terminated (57P01)': await withClient((c) => failure(() => c.query('select pg_terminate_backend(pg_backend_pid())'))),
+      'statement timeout (57014)': await withClient(async (c) => {
+        await c.query("set statement_timeout = '50ms'");
+        return failure(() => c.query('select pg_sleep(1)'));
+      }),
+      'query on an ended client': await withClient(async (c) => {
+        await c.end();
+        return failure(() => c.query('select 1'));
+      }),
+    };
+    const permanent = {
+      'missing table (42P01)': await withClient((c) => failure(() => c.query('select * from asyncproc.no_such_table'))),
+      'syntax (42601)': await withClient((c) => failure(() => c.query('selec 1'))),
+      'permission denied (42501)': await withClient(async (c) => {
+        await c.query('create role transient_probe nologin; set role transient_probe');
+        try {
+          return await failure(() => c.query('select * from asyncproc.executions'));
+        } finally {
+          await c.query('reset role; drop role transient_probe');
+        }
+      }),
+      'division by zero (22012)': await withClient((c) => failure(() => c.query('select 1 / 0'))),
+      'not an Error': 'oops',
+    };
+    for (const [name, error] of Object.entries(transient)) assert.equal(engine.isTransient(error), true, `${name}: ${String(error)}`);
+    for (const [name, error] of Object.entries(permanent)) assert.equal(engine.isTransient(error), false, `${name}: ${String(error)}`);
+    assert.equal((permanent['permission denied (42501)'] as { code?: string }).code, '42501');
+    assert.equal((transient['statement timeout (57014)'] as { code?: string }).code, '57014');
+  });
+});
+
 describe('many subscriptions waiting for the database', () => {
   it('are told about in one log line, not one per subscription and try, and each hears its end once the database is back', async () => {
     const { own, reach } = await outageDatabase();

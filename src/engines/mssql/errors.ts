@@ -41,3 +41,36 @@ export function mapDatabaseError(error: unknown): Error {
   if (code) return new EngineError(code, (error as Error).message, { cause: error });
   return toError(error);
 }
+
+/**
+ * Error numbers that pass by themselves: SqlClient's baseline list of transient errors
+ * (SqlConfigurableRetryFactory.BaselineTransientErrors: a login cut by the transport, 233 and
+ * 997; no LOCK resource now, 1204; a deadlock victim, 1205 ("Rerun the transaction"); a lock
+ * request timeout, 1222; a database the login cannot open now, 4060, as during a restart or an
+ * availability group's failover; a read-secondary not ready, 4221; a connection that failed or
+ * was reset, 10053, 10054, 10060, 64, 20; Azure SQL's resource limits and reconfigurations,
+ * 10928, 10929, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918–49920), and -2, the
+ * driver's request timeout.
+ */
+const TRANSIENT_NUMBERS = new Set([
+  -2, 20, 64, 233, 997, 1204, 1205, 1222, 4060, 4221, 10053, 10054, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918,
+  49919, 49920,
+]);
+/** mssql's and tedious's codes of a connection that is gone, not open yet, timed out or was cut (not ELOGIN: a refused login is for a person). */
+const TRANSIENT_CODES = new Set(['ESOCKET', 'ECONNCLOSED', 'ETIMEOUT', 'ENOTOPEN', 'ENOCONN', 'EINSTLOOKUP', 'ECANCEL', 'ECONNRESET', 'ECONNREFUSED', 'EPIPE']);
+
+/**
+ * Whether a failed request may succeed when tried again (Engine.isTransient): a transient error
+ * number, a connection that is gone (its code), or a login tedious itself marks transient (its
+ * ConnectionError.isTransient: Azure SQL's). Anything else (208 an invalid object name, 229 a
+ * permission denied, 18456 a login failed) waits for a person. A driver error may wrap the
+ * server's in `originalError`, and ours in `cause`: both are looked into.
+ */
+export function isTransient(error: unknown, depth = 0): boolean {
+  if (error === null || typeof error !== 'object' || depth > 3) return false;
+  const number = errorNumber(error);
+  if (number !== undefined && TRANSIENT_NUMBERS.has(number)) return true;
+  const { code, isTransient: marked, originalError, cause } = error as { code?: unknown; isTransient?: unknown; originalError?: unknown; cause?: unknown };
+  if (marked === true || (typeof code === 'string' && TRANSIENT_CODES.has(code))) return true;
+  return isTransient(originalError, depth + 1) || (cause !== error && isTransient(cause, depth + 1));
+}

@@ -64,6 +64,7 @@ import {
   updateSchedule,
 } from './schedules.js';
 import { retryDeadlocks } from './deadlock.js';
+import { isTransient } from './errors.js';
 import { mssqlPurgeRound, purgeHistory, recoverLostCalls, Sweeper, type RecoveryReport } from './sweeper.js';
 
 export interface MssqlEngineOptions {
@@ -179,6 +180,9 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   }
   getExecutions(tokens: readonly string[]): Promise<Execution[]> {
     return getExecutions(this.pool, tokens);
+  }
+  isTransient(error: unknown): boolean {
+    return isTransient(error);
   }
   listExecutions(filter: ExecutionFilter, page: PageRequest): Promise<ExecutionPage> {
     return listExecutions(this.pool, filter, page);

@@ -25,3 +25,32 @@ export function mapDatabaseError(error: unknown): unknown {
   }
   return error;
 }
+
+/**
+ * SQLSTATEs that pass by themselves (besides class 08, connection exception): the server shutting
+ * down or starting up (57P01–57P03, also a failover's new primary coming up), too many
+ * connections and out of memory (53300, 53200), a serialization failure or deadlock (40001,
+ * 40P01: "the transaction can be retried"), a lock not available now (55P03), a statement
+ * cancelled, as a statement_timeout does (57014), and a database "not currently accepting
+ * connections" (55000, raised at connect while ALLOW_CONNECTIONS is false for maintenance).
+ */
+const TRANSIENT_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '53200', '40001', '40P01', '55P03', '57014', '55000']);
+
+/**
+ * Whether a failed request may succeed when tried again (Engine.isTransient): a SQLSTATE of
+ * class 08 or above; a Node socket error (ECONNREFUSED, ECONNRESET, EPIPE, ETIMEDOUT, ...); or
+ * one of pg's own errors without a code, which are all about the connection ("Connection
+ * terminated unexpectedly", a pool's "timeout exceeded when trying to connect", a client "not
+ * queryable", "Query read timeout"). Any other SQLSTATE (42P01 a missing table, 42501 permission
+ * denied, 3D000 no such database, 28P01 a password refused) is for a person to mend.
+ */
+export function isTransient(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code === 'string' && code) {
+    // Node's system errors; no SQLSTATE class begins with E
+    if (/^E[A-Z_]+$/.test(code)) return true;
+    return code.startsWith('08') || TRANSIENT_SQLSTATES.has(code);
+  }
+  const message = error instanceof Error ? error.message : String(error);
+  return /connect|terminat|timeout|not queryable|closed/i.test(message);
+}

@@ -26,6 +26,7 @@ import { checkDeployment } from './checks.js';
 import { connectionConfig } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
 import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
+import { isTransient } from './errors.js';
 import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate, schemaVersion } from './migrator.js';
@@ -182,6 +183,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   getExecutions(tokens: readonly string[]) {
     return getExecutions(this.pool, tokens);
+  }
+  isTransient(error: unknown): boolean {
+    return isTransient(error);
   }
   listExecutions(filter: Parameters<typeof listExecutions>[1], page: Parameters<typeof listExecutions>[2]) {
     return listExecutions(this.pool, filter, page);
