@@ -11,11 +11,14 @@ import { describe, it } from 'node:test';
 import { readCommittedSnapshotProblem } from '../src/engines/mssql/checks.js';
 import {
   EndRetries,
+  leftOpenBatch,
+  LeftOpenSweep,
   MAX_END_ATTEMPTS,
   notifyCycle,
   receiveBatch,
   retryEndsBatch,
   type EndFailure,
+  type LeftOpenResult,
   type NotifyCycleSteps,
   type ReceiveResult,
 } from '../src/engines/mssql/listener.js';
@@ -55,6 +58,7 @@ describe('mssql listener: the receive batch', () => {
     assert.ok(commit > lastReceive, 'the commit follows every RECEIVE');
     assert.ok(firstEnd > commit, 'no END CONVERSATION inside the receive transaction');
     assert.match(text, /SET NOCOUNT ON; SET XACT_ABORT ON;[\s\S]*BEGIN TRANSACTION;/, 'the RECEIVEs still roll back if the batch is cancelled');
+    assert.match(text, /^SET NOCOUNT ON; SET XACT_ABORT ON; SET LOCK_TIMEOUT -1;/, "no sweep's lock timeout outlives it on this connection");
   });
 
   it("ends the batch's dialogs first in one transaction of their own (one log flush), rolled back whole if any end fails", () => {
@@ -171,6 +175,122 @@ describe('mssql listener: one notification cycle', () => {
     await notifyCycle(s, retries);
     assert.deepEqual(calls.retried, [['a']], 'retried in the same cycle');
     assert.equal(retries.size, 0);
+  });
+});
+
+describe('mssql listener: dialogs whose end was lost', () => {
+  const text = code(leftOpenBatch(1000));
+  const leftOpen = /SELECT ce\.conversation_handle\s+FROM sys\.conversation_endpoints AS ce\s+WHERE ce\.is_initiator = 1 AND ce\.state IN \('DI', 'ER'\)\s+AND ce\.service_id = \(SELECT s\.service_id FROM sys\.services AS s WHERE s\.name = N'asyncexec\/NotifyService'\)\s+AND NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecNotifyQueue AS q WITH \(NOLOCK\)\s+WHERE q\.conversation_handle = ce\.conversation_handle\)/g;
+
+  it('ends only what the last sweep found, that is still the notification side of a dialog its other side ended, with nothing of it queued', () => {
+    assert.match(text, /^SET NOCOUNT ON; SET XACT_ABORT OFF;/);
+    assert.doesNotMatch(text, /BEGIN TRANSACTION/, 'each END its own autocommit transaction');
+    assert.equal(text.match(leftOpen)?.length, 2, 'the same test for what is ended and for what is found');
+    const ending = /INSERT @ending \(conversation_handle\)\s+SELECT o\.conversation_handle\s+FROM \(([\s\S]*?)\) AS o\s+WHERE o\.conversation_handle IN \(SELECT CONVERT\(uniqueidentifier, j\.\[value\]\) FROM OPENJSON\(@handles\) AS j\);/.exec(text);
+    assert.ok(ending, 'the ends are the earlier findings that are still left open now');
+    const ends = endsAndTheirCatch(text);
+    assert.equal(ends.length, 1);
+    assert.ok(ends[0].tried, 'in its own TRY');
+    assert.match(ends[0].catchBody, /INSERT @failed VALUES \(@h, ERROR_NUMBER\(\), ERROR_MESSAGE\(\)\)/);
+    assert.match(text, /CURSOR LOCAL STATIC FOR\s+SELECT conversation_handle FROM @ending;/);
+    // result sets, in order: failures, ends tried, what is left open now (after the ends)
+    const failures = text.indexOf('FROM @failed;');
+    const tried = text.search(/SELECT COUNT\(\*\) AS tried,\s+CAST\(CASE WHEN EXISTS \(SELECT 1 FROM sys\.services WHERE name = N'asyncexec\/NotifyService'\) THEN 1 ELSE 0 END AS bit\) AS visible\s+FROM @ending;/);
+    const found = text.search(/SELECT TOP \(1000\) LOWER\(CONVERT\(nvarchar\(36\), o\.conversation_handle\)\) AS handle FROM \(/);
+    assert.ok(text.lastIndexOf('END CONVERSATION') < failures && failures < tried && tried < found, 'failures, count, then the findings');
+    // an END waiting on a conversation group's lock fails after 2 s (1222, caught) rather than hold the loop
+    assert.match(text, /^SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;/);
+    assert.ok(text.indexOf('SET LOCK_TIMEOUT -1;') > text.lastIndexOf('END CONVERSATION'), 'and back to waiting as long as it takes after the ends');
+  });
+
+  const handle = (n: number) => `00000000-0000-0000-0000-${String(n).padStart(12, '0')}`;
+  const sweeping = () => {
+    let now = 0;
+    const sweep = new LeftOpenSweep(300_000, () => now);
+    const calls: string[][] = [];
+    let answer: (handles: readonly string[]) => LeftOpenResult = () => ({ tried: 0, failures: [], found: [] });
+    const { logger, lines } = capturingLogger();
+    const steps: NotifyCycleSteps = {
+      receive: async () => ({ received: 0, failures: [] }),
+      retryEnds: async () => [],
+      wake: async () => undefined,
+      catchUp: () => undefined,
+      sweepLeftOpen: async (handles) => (calls.push([...handles]), answer(handles)),
+      logger,
+    };
+    return {
+      sweep, calls, lines, steps,
+      at: (ms: number) => void (now = ms),
+      answer: (fn: typeof answer) => void (answer = fn),
+    };
+  };
+
+  it('sweeps once a period; the first only looks, the next ends what the one before found', async () => {
+    const s = sweeping();
+    const retries = new EndRetries();
+    await notifyCycle(s.steps, retries, s.sweep);
+    s.at(299_999);
+    await notifyCycle(s.steps, retries, s.sweep);
+    assert.deepEqual(s.calls, [], 'not before a period');
+    s.answer(() => ({ tried: 0, failures: [], found: [handle(1), handle(2)] }));
+    s.at(300_000);
+    await notifyCycle(s.steps, retries, s.sweep);
+    await notifyCycle(s.steps, retries, s.sweep);
+    assert.deepEqual(s.calls, [[]], 'the first sweep ends nothing, and comes once');
+    s.answer((handles) => ({ tried: handles.length, failures: [], found: [] }));
+    s.at(600_000);
+    await notifyCycle(s.steps, retries, s.sweep);
+    assert.deepEqual(s.calls[1], [handle(1), handle(2)], 'a period later: what the first found');
+    assert.ok(s.lines.some((l) => l.level === 'info' && (l.detail as { ended?: number }).ended === 2), 'says how many it ended');
+  });
+
+  it("leaves to the receive's retries what they handle; counts its own failed ends as theirs; a failed sweep only looks next time", async () => {
+    const s = sweeping();
+    const retries = new EndRetries(2);
+    // one end given up, one being retried
+    retries.failed(handle(1));
+    retries.failed(handle(1));
+    retries.failed(handle(2));
+    s.answer(() => ({ tried: 0, failures: [], found: [handle(1), handle(2), handle(3), handle(4)] }));
+    s.at(300_000);
+    await notifyCycle({ ...s.steps, retryEnds: async (handles) => handles.map((h) => ({ handle: h, error_number: 15151, error_message: 'no' })) }, retries, s.sweep);
+    assert.ok(retries.handles(handle(1)) && retries.handles(handle(2)));
+    // between the sweeps, a receive's end of the fourth fails: its retries take it over
+    retries.failed(handle(4));
+    const failure = { handle: handle(3), error_number: 15151, error_message: 'Cannot find the conversation' };
+    s.answer((handles) => ({ tried: handles.length, failures: [failure], found: [] }));
+    s.at(600_000);
+    await notifyCycle({ ...s.steps, retryEnds: async (handles) => handles.map((h) => ({ handle: h, error_number: 15151, error_message: 'no' })) }, retries, s.sweep);
+    assert.deepEqual(s.calls[1], [handle(3)], 'neither the given-up end nor those being retried');
+    assert.ok(retries.handles(handle(3)), 'its failed end is retried as a failed end of a receive is');
+    assert.ok(s.lines.some((l) => l.level === 'warn' && /END CONVERSATION failed/.test(l.msg)));
+
+    s.answer(() => {
+      throw new Error('VIEW DEFINITION permission denied');
+    });
+    s.at(900_000);
+    await notifyCycle(s.steps, retries, s.sweep);
+    assert.ok(s.lines.some((l) => l.level === 'warn' && /could not look for dialogs left open/.test(l.msg)));
+    s.answer((handles) => ({ tried: handles.length, failures: [], found: [] }));
+    s.at(1_200_000);
+    await notifyCycle(s.steps, retries, s.sweep);
+    assert.deepEqual(s.calls.at(-1), [], 'after a failed sweep the next one ends nothing');
+  });
+
+  it('says once that the login cannot see the notification service', async () => {
+    const s = sweeping();
+    s.answer(() => ({ tried: 0, visible: false, failures: [], found: [] }));
+    for (const at of [300_000, 600_000, 900_000]) {
+      s.at(at);
+      await notifyCycle(s.steps, new EndRetries(), s.sweep);
+    }
+    assert.equal(s.calls.length, 3);
+    assert.equal(s.lines.filter((l) => l.level === 'warn' && /does not see \[asyncexec\/NotifyService\]/.test(l.msg)).length, 1);
+  });
+
+  it('a listener made with a period of 0 never sweeps', () => {
+    const never = new LeftOpenSweep(0, () => 1e12);
+    assert.equal(never.due(), false);
   });
 });
 

@@ -24,6 +24,8 @@ export interface MssqlListenerOptions {
   wakeWaitMs?: number;
   /** A listener without a heartbeat this long is no longer woken, and is swept. @default 60 */
   staleSeconds?: number;
+  /** How often the dialogs whose end was lost are looked for (see leftOpenBatch); 0: never. @default 300000 */
+  leftOpenSweepMs?: number;
 }
 
 const END_DIALOG = 'http://schemas.microsoft.com/SQL/ServiceBroker/EndDialog';
@@ -31,6 +33,8 @@ const ERROR = 'http://schemas.microsoft.com/SQL/ServiceBroker/Error';
 
 /** Ends of one dialog tried and failed this many times are given up (logged, never retried). */
 export const MAX_END_ATTEMPTS = 5;
+/** Given-up handles remembered (a process restart forgets them: its sweeps try them once more, MAX_END_ATTEMPTS times at most). */
+const GIVEN_UP_KEPT = 10_000;
 
 /**
  * END CONVERSATION for each handle `handles` selects, each in its own TRY…CATCH, with no
@@ -136,7 +140,9 @@ END;`;
 export function receiveBatch(waitMs: number, batchSize: number): string {
   const wait = Math.max(0, Math.trunc(waitMs));
   const size = Math.max(1, Math.trunc(batchSize));
-  return `SET NOCOUNT ON; SET XACT_ABORT ON;
+  // LOCK_TIMEOUT: the default (wait as long as it takes) again, whatever a sweep of dialogs left
+  // open (leftOpenBatch, 2 s) that failed before its own reset left on this connection
+  return `SET NOCOUNT ON; SET XACT_ABORT ON; SET LOCK_TIMEOUT -1;
 DECLARE @m TABLE (conversation_handle uniqueidentifier, message_type_name sysname, message_body varbinary(max), queuing_order bigint);
 DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
 DECLARE @got int, @total int, @h uniqueidentifier, @endedTogether bit = 1;
@@ -186,6 +192,105 @@ ${endEach(`SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) A
 SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;`;
 }
 
+/**
+ * The notification side of calls' dialogs that a lost end left open: initiator endpoints of
+ * [asyncexec/NotifyService] (usp_AsyncExecInvoke begins every call's dialog FROM it) whose other
+ * side ended the dialog, with no message of theirs left in the notification queue.
+ *  * DI: "the remote side of the conversation has issued an END CONVERSATION. The conversation
+ *    remains in this state until the local side of the conversation issues an END
+ *    CONVERSATION"; ER: an error ended it and "the Error message has been placed in the
+ *    application queue" (sys.conversation_endpoints). Neither gets another message.
+ *  * "An application might still receive messages" of a DI conversation, and END CONVERSATION
+ *    removes the conversation's messages from the queue: an endpoint with a message still
+ *    queued (its Status or its EndDialog, not yet received) is left to the listener, which
+ *    ends it when it takes them. The queue is read WITH (NOLOCK), as "Querying Queues"
+ *    advises, so that this read never blocks a RECEIVE; a message some RECEIVE is taking may
+ *    then be missed, which is why an endpoint is ended only when two sweeps a period apart
+ *    both found it left open (see leftOpenBatch).
+ * sys.conversation_endpoints shows only the endpoints the login owns or has a permission on:
+ * the service's db_owner login sees them all (docs/mssql.md, Permissions).
+ */
+const LEFT_OPEN = `SELECT ce.conversation_handle
+      FROM sys.conversation_endpoints AS ce
+     WHERE ce.is_initiator = 1 AND ce.state IN ('DI', 'ER')
+       AND ce.service_id = (SELECT s.service_id FROM sys.services AS s WHERE s.name = N'asyncexec/NotifyService')
+       AND NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecNotifyQueue AS q WITH (NOLOCK)
+                        WHERE q.conversation_handle = ce.conversation_handle)`;
+
+/**
+ * End the dialogs a lost end left open (LEFT_OPEN): a receive batch cut between its commit and
+ * its ends (a lost connection, a listener killed), or an end given up. Only those the previous
+ * sweep, a period ago, found left open too (@handles, a JSON array) are ended: the listener ends
+ * a dialog within milliseconds of taking its EndDialog, so one still open a period later is one
+ * whose end was lost. Each END runs in its own TRY…CATCH with no transaction open (endEach),
+ * failures reported as the receive batch reports them. An END waits for its conversation
+ * group's lock (END CONVERSATION, Remarks); LOCK_TIMEOUT bounds that wait, so that a sweep
+ * never holds the notification loop long: a timed-out END fails with 1222, is caught and
+ * reported, and is retried as any failed end is. Result sets: the failures; how many were
+ * tried, and whether the login sees the notification service at all (one that does not sees
+ * no endpoint, and the sweep would do nothing without a word); then at most `limit` endpoints
+ * left open now, for the next sweep (those just ended are closed, 'CD', or gone, and not among
+ * them).
+ */
+export function leftOpenBatch(limit: number): string {
+  const top = Math.max(1, Math.trunc(limit));
+  return `SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;
+DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
+DECLARE @ending TABLE (conversation_handle uniqueidentifier PRIMARY KEY);
+DECLARE @h uniqueidentifier;
+INSERT @ending (conversation_handle)
+SELECT o.conversation_handle
+  FROM (${LEFT_OPEN}) AS o
+ WHERE o.conversation_handle IN (SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) AS j);
+${endEach('SELECT conversation_handle FROM @ending')}
+SET LOCK_TIMEOUT -1;
+SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;
+SELECT COUNT(*) AS tried,
+       CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.services WHERE name = N'asyncexec/NotifyService') THEN 1 ELSE 0 END AS bit) AS visible
+  FROM @ending;
+SELECT TOP (${top}) LOWER(CONVERT(nvarchar(36), o.conversation_handle)) AS handle FROM (${LEFT_OPEN}) AS o;`;
+}
+
+/** How often the listener looks for dialogs left open (leftOpenBatch). */
+export const LEFT_OPEN_SWEEP_MS = 300_000;
+/** Endpoints one sweep considers at most, the rest waiting for the next sweeps: each end is a commit of its own (a log flush). */
+export const LEFT_OPEN_LIMIT = 200;
+
+/**
+ * When the next sweep of dialogs left open is due, and what the last one found left open: the
+ * next one ends those, unless a retry of the receive batch's failed ends is on them or gave them
+ * up (EndRetries). The first sweep comes a period after start, and ends nothing (it has no earlier
+ * finding).
+ */
+export class LeftOpenSweep {
+  private found: string[] = [];
+  private last: number;
+  /** Whether the warning that the login cannot see the notification service was written (once a process). */
+  blindLogged = false;
+
+  constructor(
+    readonly periodMs = LEFT_OPEN_SWEEP_MS,
+    private readonly now: () => number = Date.now,
+  ) {
+    this.last = now();
+  }
+
+  due(): boolean {
+    return this.periodMs > 0 && this.now() - this.last >= this.periodMs;
+  }
+
+  /** The endpoints to end now: those the last sweep found that no retry handles. */
+  toEnd(retries: EndRetries): string[] {
+    return this.found.filter((handle) => !retries.handles(handle));
+  }
+
+  /** What this sweep found left open, for the next one (nothing when the sweep itself failed). */
+  swept(found: readonly string[]): void {
+    this.found = [...found];
+    this.last = this.now();
+  }
+}
+
 /** A dialog end that failed, as the batches report it. */
 export interface EndFailure {
   handle: string;
@@ -210,6 +315,8 @@ export interface ReceiveResult {
  */
 export class EndRetries {
   private readonly attempts = new Map<string, number>();
+  /** Handles given up, the latest GIVEN_UP_KEPT (so that the sweep of dialogs left open does not try them again and again). */
+  private readonly givenUp = new Set<string>();
 
   constructor(private readonly limit = MAX_END_ATTEMPTS) {}
 
@@ -218,10 +325,17 @@ export class EndRetries {
     const n = (this.attempts.get(handle) ?? 0) + 1;
     if (n >= this.limit) {
       this.attempts.delete(handle);
+      this.givenUp.add(handle);
+      if (this.givenUp.size > GIVEN_UP_KEPT) this.givenUp.delete(this.givenUp.values().next().value!);
       return 'give-up';
     }
     this.attempts.set(handle, n);
     return 'retry';
+  }
+
+  /** Whether this handle is being retried or was given up. */
+  handles(handle: string): boolean {
+    return this.attempts.has(handle) || this.givenUp.has(handle);
   }
 
   /** Handles to try again, at most `max`. */
@@ -248,7 +362,20 @@ export interface NotifyCycleSteps {
   wake(): Promise<void>;
   /** Read the change feed (the sink's onChange). */
   catchUp(): void;
+  /** End the dialogs left open that the last sweep found (leftOpenBatch), and find those left open now. */
+  sweepLeftOpen?(handles: readonly string[]): Promise<LeftOpenResult>;
   logger: Logger;
+}
+
+/** What one sweep of the dialogs left open did. */
+export interface LeftOpenResult {
+  /** Ends tried (the last sweep's findings that were still left open). */
+  tried: number;
+  /** Whether the login sees [asyncexec/NotifyService] (without it, the sweep can see no endpoint). */
+  visible?: boolean;
+  failures: EndFailure[];
+  /** Left open now, for the next sweep. */
+  found: string[];
 }
 
 /**
@@ -257,7 +384,7 @@ export interface NotifyCycleSteps {
  * wake the others, then the dialog ends that failed: counted, retried, given up. Only the
  * receive can fail the cycle; a wake or an end that fails is logged and the cycle goes on.
  */
-export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries): Promise<ReceiveResult> {
+export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries, leftOpen?: LeftOpenSweep): Promise<ReceiveResult> {
   let result: ReceiveResult;
   try {
     result = await steps.receive();
@@ -278,6 +405,27 @@ export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries):
       count(again, retries, steps.logger);
     } catch (error) {
       steps.logger.warn({ err: toError(error) }, 'could not retry the dialog ends that failed');
+    }
+  }
+  if (leftOpen?.due() && steps.sweepLeftOpen) {
+    try {
+      const swept = await steps.sweepLeftOpen(leftOpen.toEnd(retries));
+      leftOpen.swept(swept.found.filter((handle) => !retries.handles(handle)));
+      if (swept.visible === false && !leftOpen.blindLogged) {
+        leftOpen.blindLogged = true;
+        steps.logger.warn(
+          'this login does not see [asyncexec/NotifyService] (sys.services): dialogs whose end was lost cannot be found and ended (docs/mssql.md, Permissions)',
+        );
+      }
+      const ended = swept.tried - swept.failures.length;
+      if (ended > 0) {
+        steps.logger.info({ ended }, 'ended dialogs whose end was lost (a receive cut before its ends, or an end given up before a restart)');
+      }
+      count(swept.failures, retries, steps.logger);
+    } catch (error) {
+      // found nothing this time: the next sweep, a period later, only looks
+      leftOpen.swept([]);
+      steps.logger.warn({ err: toError(error) }, 'could not look for dialogs left open; will look again');
     }
   }
   return result;
@@ -404,6 +552,7 @@ export class MssqlListener implements Closeable {
   private readonly wakeWaitMs: number;
   private readonly staleSeconds: number;
   private readonly retries = new EndRetries();
+  private readonly leftOpen: LeftOpenSweep;
   private readonly notify: ConnectionLoop;
   private wakes: ConnectionLoop | undefined;
   private registered = false;
@@ -415,6 +564,7 @@ export class MssqlListener implements Closeable {
     this.batchSize = options.batchSize ?? 500;
     this.wakeWaitMs = options.wakeWaitMs ?? 5000;
     this.staleSeconds = options.staleSeconds ?? 60;
+    this.leftOpen = new LeftOpenSweep(options.leftOpenSweepMs ?? LEFT_OPEN_SWEEP_MS);
     const maxBackoff = options.maxBackoffMs ?? 30_000;
     const sink = options.sink;
     this.notify = new ConnectionLoop(
@@ -500,9 +650,16 @@ export class MssqlListener implements Closeable {
         catchUp: () => {
           if (!this.closed) this.safely(() => sink.onChange());
         },
+        sweepLeftOpen: async (handles) => {
+          const result = await request().input('handles', sql.NVarChar(sql.MAX), JSON.stringify(handles)).batch(leftOpenBatch(LEFT_OPEN_LIMIT));
+          const sets = result.recordsets as unknown as [EndFailure[], { tried: number; visible: boolean }[], { handle: string }[]];
+          const counts = sets[1]?.[0];
+          return { failures: sets[0] ?? [], tried: Number(counts?.tried ?? 0), visible: counts ? Boolean(counts.visible) : undefined, found: (sets[2] ?? []).map((row) => row.handle) };
+        },
         logger,
       },
       this.retries,
+      this.leftOpen,
     );
   }
 
