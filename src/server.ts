@@ -247,7 +247,10 @@ export async function startServer(options: ServerOptions & { port: number; host?
         try {
           document = parse(params.query);
         } catch (error) {
-          return [error as GraphQLError];
+          if (error instanceof GraphQLError) return [error];
+          // anything else would be an invalid return value, which graphql-ws answers by closing the whole socket (4500)
+          options.logger.error({ err: error }, 'unexpected error parsing a subscription (masked)');
+          return [createGraphQLError('Unexpected error.', { extensions: { code: 'INTERNAL_SERVER_ERROR' } })];
         }
         const errors = validate(schema, document);
         if (errors.length) return errors;

@@ -126,6 +126,48 @@ describe('query cost: depth, aliases, tokens, directives, cost', () => {
     assert.equal(errorWith(tokens.body, 'QUERY_TOO_COMPLEX')?.extensions.limit, 'tokens', JSON.stringify(tokens.body));
   });
 
+  it('a document nested a few thousand levels (within the token limit) is refused before it is parsed, on every transport, and the socket lives on', async () => {
+    const selections = `{${'viewer{'.repeat(2000)}${'}'.repeat(2000)}}`;
+    const list = `mutation { invoke(input: { procedure: "demo.record", arguments: { tag: ${'['.repeat(2000)}"x"${']'.repeat(2000)} } }) { execution { token } } }`;
+    const before = await t.gql('{ executions { totalCount } }');
+    for (const query of [selections, list]) {
+      const { status, body } = await t.gql(query);
+      assert.equal(status, 400, JSON.stringify(body).slice(0, 300));
+      const error = errorWith(body, 'QUERY_TOO_COMPLEX');
+      assert.equal(error?.extensions.limit, 'nesting', JSON.stringify(body).slice(0, 300));
+    }
+    assert.equal((await t.gql('{ executions { totalCount } }')).body.data.executions.totalCount, before.body.data.executions.totalCount, 'nothing submitted');
+    const deep = `subscription { executionCompleted(token: ${'['.repeat(2000)}"x"${']'.repeat(2000)}) { status } }`;
+    const ws = t.ws();
+    for (const [transport, client] of [['graphql-ws', ws], ['SSE', t.sse()]] as const) {
+      const errors = await within(
+        new Promise<any>((resolve) => {
+          client.subscribe({ query: deep }, { next: (r: any) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+        }),
+      );
+      if (transport === 'SSE') {
+        // refused while parsing, as an HTTP request is: a 400 with the refusal, which graphql-sse's client hands over as its NetworkError
+        assert.equal(errors?.response?.status, 400, JSON.stringify(errors));
+        const body = await errors.response.text();
+        assert.match(body, /"code":"QUERY_TOO_COMPLEX","limit":"nesting"/, body);
+        continue;
+      }
+      assert.ok(Array.isArray(errors), `${transport}: ${JSON.stringify(errors)}`);
+      assert.equal(errors[0]?.extensions?.code, 'QUERY_TOO_COMPLEX', `${transport}: ${JSON.stringify(errors)}`);
+      assert.equal(errors[0]?.extensions?.limit, 'nesting');
+    }
+    // the graphql-ws socket was not closed: it serves the next operation
+    const next = await within(
+      new Promise<any>((resolve) => ws.subscribe({ query: '{ changeCursor }' }, { next: (r: any) => resolve(r), error: resolve, complete: () => undefined })),
+    );
+    assert.equal(typeof next.data?.changeCursor, 'string', JSON.stringify(next));
+    // strings, block strings and comments do not count: their brackets are text
+    const text = await t.gql(`mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "${'['.repeat(300)}" } }) { execution { token } } }`);
+    assert.equal(text.body.errors, undefined, JSON.stringify(text.body.errors));
+    const block = await t.gql(`# ${'{'.repeat(300)}\nmutation { invoke(input: { procedure: "demo.record", arguments: { tag: ${'"'.repeat(3)} \\${'"'.repeat(3)} ${'('.repeat(300)} ${'"'.repeat(3)} } }) { execution { token } } }`);
+    assert.equal(block.body.errors, undefined, JSON.stringify(block.body.errors));
+  });
+
   it('ordinary queries pass: a page of executions with their batches, introspection', async () => {
     const { body } = await t.gql(`{ executions(first: 50) { totalCount edges { cursor node { token status batch { id executions(first: 10) { nodes { token status } } } history { number status } } } } }`);
     assert.equal(body.errors, undefined, JSON.stringify(body.errors));

@@ -13,14 +13,21 @@ export interface OperationLimits {
   maxDirectives: number;
   /** graphql-armor's cost (objects 2, scalars 1, ×1.5 per level, × a literal `first`/`last`). @default 50000 */
   maxCost: number;
+  /**
+   * Brackets (`{`, `[`, `(`) open at once anywhere in the document's text, checked before it is
+   * parsed: graphql-js's parser recurses once per level, and a few thousand levels (within the
+   * token limit) overflow its stack. Above every legitimate document: selections nest at most
+   * maxDepth (introspection a little deeper), values at most MAX_JSON_DEPTH (100). @default 150
+   */
+  maxNesting: number;
 }
 
-export const DEFAULT_OPERATION_LIMITS: OperationLimits = { maxDepth: 12, maxAliases: 50, maxTokens: 5000, maxDirectives: 20, maxCost: 50_000 };
+export const DEFAULT_OPERATION_LIMITS: OperationLimits = { maxDepth: 12, maxAliases: 50, maxTokens: 5000, maxDirectives: 20, maxCost: 50_000, maxNesting: 150 };
 
 /** The code every refused operation carries; `extensions.limit` names the limit it broke. */
 export const QUERY_TOO_COMPLEX = 'QUERY_TOO_COMPLEX';
 
-type Limit = 'depth' | 'aliases' | 'tokens' | 'directives' | 'cost';
+type Limit = 'depth' | 'aliases' | 'tokens' | 'directives' | 'cost' | 'nesting';
 
 function refusal(limit: Limit, error: GraphQLError): GraphQLError {
   // armor words its refusals as "Syntax Error: …"; the query is well-formed, only too large
@@ -43,10 +50,61 @@ function onReject(limit: Limit) {
 }
 
 /**
- * Depth, alias, token, directive and cost limits on every operation (HTTP, SSE and graphql-ws alike: they all
- * parse and validate through yoga's envelop), refused before anything executes.
+ * The deepest nesting of brackets in a GraphQL document's text, past strings, block strings and
+ * comments (one pass, no recursion); stops counting once past `limit`.
+ */
+export function bracketNesting(text: string, limit = Infinity): number {
+  const BLOCK = '"'.repeat(3);
+  let depth = 0;
+  let deepest = 0;
+  for (let i = 0; i < text.length && deepest <= limit; i++) {
+    const c = text[i];
+    if (c === '#') {
+      while (i < text.length && text[i] !== '\n' && text[i] !== '\r') i++;
+    } else if (c === '"') {
+      if (text.startsWith(BLOCK, i)) {
+        // a block string ends at the next three quotes not escaped by a backslash
+        for (i += 3; i < text.length && !text.startsWith(BLOCK, i); i++) if (text[i] === '\\' && text.startsWith(BLOCK, i + 1)) i += 3;
+        i += 2;
+      } else {
+        // a string ends at its closing quote (or, malformed, at the line's end)
+        for (i++; i < text.length && text[i] !== '"' && text[i] !== '\n'; i++) if (text[i] === '\\') i++;
+      }
+    } else if (c === '{' || c === '[' || c === '(') {
+      if (++depth > deepest) deepest = depth;
+    } else if (c === '}' || c === ']' || c === ')') {
+      depth--;
+    }
+  }
+  return deepest;
+}
+
+/** Refuses, before the parser sees it, a document whose brackets nest deeper than `maxNesting`. */
+function useNestingLimit(maxNesting: number): Plugin {
+  return {
+    onParse({ params }) {
+      const text = typeof params.source === 'string' ? params.source : params.source.body;
+      if (bracketNesting(text, maxNesting) > maxNesting) {
+        throw refusal('nesting', new GraphQLError(`the document nests brackets deeper than ${maxNesting} levels`));
+      }
+    },
+  };
+}
+
+/**
+ * Depth, alias, token, directive, cost and nesting limits on every operation (HTTP, SSE and graphql-ws
+ * alike: they all parse and validate through yoga's envelop), refused before anything executes.
  */
 export function useOperationLimits(limits: OperationLimits): Plugin {
+  return {
+    onPluginInit({ addPlugin }) {
+      addPlugin(useNestingLimit(limits.maxNesting));
+      addPlugin(armor(limits));
+    },
+  };
+}
+
+function armor(limits: OperationLimits): Plugin {
   return EnvelopArmorPlugin({
     maxTokens: { n: limits.maxTokens, ...onReject('tokens') },
     maxDepth: { n: limits.maxDepth, ...onReject('depth') },
