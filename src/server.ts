@@ -11,6 +11,7 @@ import type { CompletionHub } from './completionHub.js';
 import { useBodyLimit } from './edge/bodyLimit.js';
 import { corsOptions, useCrossSiteRequestPrevention } from './edge/crossSite.js';
 import { useInputHygiene } from './edge/inputHygiene.js';
+import { useOneSubmissionPerOperation } from './edge/oneSubmission.js';
 import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
 import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
@@ -149,6 +150,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
+      useOneSubmissionPerOperation(),
       // each event's fields read afresh (a shared result is executed once per event and shape)
       useSharedEventExecution({
         eventContext: (context) => ({ ...(context as object), loaders: createLoaders(engine) }),

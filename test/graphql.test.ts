@@ -167,6 +167,47 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
       }),
     );
   });
+  it('a submission shares its mutation operation with no other field: refused before anything runs, so no committed call loses its token (HTTP, graphql-ws)', async () => {
+    const refused = await expectCode('BAD_USER_INPUT', () =>
+      t.gql(`mutation { a: invoke(input: { procedure: "demo.noop" }) { execution { token } } b: invoke(input: { procedure: "demo.nope" }) { execution { token } } }`),
+    );
+    assert.match(refused.message, /invoke, invoke must be the only field of its mutation operation/);
+    // aliases of invokeMany would multiply ASYNCPROC_MAX_CALLS (5 here)
+    const aliases = await expectCode('BAD_USER_INPUT', () =>
+      t.gql(`mutation($i: [InvokeInput!]!) { ${Array.from({ length: 20 }, (_, n) => `a${n}: invokeMany(inputs: $i) { executions { token } }`).join(' ')} }`, {
+        i: Array.from({ length: 5 }, () => ({ procedure: 'demo.noop' })),
+      }),
+    );
+    assert.match(aliases.message, /this one has 20/);
+    // beside another mutation, through a fragment, and the secret of a new key
+    const fragment = await expectCode('BAD_USER_INPUT', () =>
+      t.gql(`mutation { ...Both } fragment Both on Mutation { submitBatch(input: { stages: [[{ procedure: "demo.noop" }]] }) { batch { id } } configureQueue(input: { name: "one-field", concurrency: 2 }) { queue { name } } }`),
+    );
+    assert.match(fragment.message, /^submitBatch must be the only field/);
+    assert.equal((await t.gql(`{ queues { name } }`)).body.data.queues.some((q: { name: string }) => q.name === 'one-field'), false, 'the other field did not run either');
+    const keys = (await t.gql(`{ apiKeys { id } }`)).body.data?.apiKeys?.length;
+    const twoKeys = await t.gql(`mutation { a: createApiKey(input: { name: "one-a", roles: [] }) { secret } b: createApiKey(input: { name: "one-b", roles: [] }) { secret } }`);
+    assert.match(twoKeys.body.errors?.[0]?.message ?? '', /^createApiKey, createApiKey must be the only field/, JSON.stringify(twoKeys.body));
+    assert.equal(typeof keys, 'number');
+    assert.equal((await t.gql(`{ apiKeys { id } }`)).body.data.apiKeys.length, keys, 'no key created');
+    const ws = t.ws();
+    const overSocket = await collect(ws.iterate({ query: `mutation { a: invoke(input: { procedure: "demo.noop" }) { execution { token } } b: invokeMany(inputs: [{ procedure: "demo.noop" }]) { executions { token } } }` }));
+    assert.match((overSocket[0] as any).errors?.[0]?.message ?? '', /^invoke, invokeMany must be the only field/, JSON.stringify(overSocket));
+
+    // what still may share an operation: one submission left by @include/@skip, and other mutations together
+    const before = await total();
+    const chosen = await t.gql(
+      `mutation($first: Boolean!) { a: invoke(input: { procedure: "demo.noop" }) @include(if: $first) { execution { token } } b: invoke(input: { procedure: "demo.noop" }) @skip(if: $first) { execution { token } } }`,
+      { first: true },
+    );
+    assert.equal(chosen.body.errors, undefined, JSON.stringify(chosen.body.errors));
+    assert.ok(chosen.body.data.a.execution.token);
+    assert.equal(await total(), before + 1);
+    const queues = await t.gql(`mutation { a: configureQueue(input: { name: "one-field-a", concurrency: 1 }) { queue { name } } b: configureQueue(input: { name: "one-field-b", concurrency: 1 }) { queue { name } } }`);
+    assert.equal(queues.body.errors, undefined, JSON.stringify(queues.body.errors));
+    await ws.dispose();
+  });
+
   it('a malformed query is a GraphQL error, not a 500', async () => {
     const { status, body } = await t.gql(`{ executions( }`);
     assert.ok(status < 500);
