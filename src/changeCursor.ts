@@ -32,7 +32,10 @@ const MAX_CURSOR_LENGTH = 65_536;
 const SNAPSHOT = /^(\d{1,20}):(\d{1,20}):((?:\d{1,20})(?:,\d{1,20})*)?$/;
 const MAX_XID = (1n << 64n) - 1n;
 
-/** Parses a position; null when the text is not one (wrong shape, out of order, out of range). */
+/**
+ * Parses a position; null when the text is not one (wrong shape, out of order, out of range):
+ * every text it accepts is one PostgreSQL's pg_snapshot accepts too (test/postgres.test.ts).
+ */
 export function parseSnapshot(text: string): Snapshot | null {
   if (text.length > MAX_CURSOR_LENGTH) return null;
   const match = SNAPSHOT.exec(text);
@@ -40,7 +43,8 @@ export function parseSnapshot(text: string): Snapshot | null {
   const xmin = BigInt(match[1]);
   const xmax = BigInt(match[2]);
   const xip = match[3] ? match[3].split(',').map(BigInt) : [];
-  if (xmax > MAX_XID || xmin > xmax) return null;
+  // 0 is no writer's number on either engine (PostgreSQL's pg_snapshot refuses it: 22P02)
+  if (xmin < 1n || xmax > MAX_XID || xmin > xmax) return null;
   let last = -1n;
   for (const x of xip) {
     if (x < xmin || x >= xmax || x <= last) return null;

@@ -130,6 +130,19 @@ describe('executionEvents under a reconnect storm', () => {
 });
 
 describe('a cursor the database never gave', () => {
+  it('is refused with BAD_USER_INPUT when it cannot be a position at all (writer 0, out of order), never an internal error', async () => {
+    for (const after of ['0:0:', '0:5:', '0:5:3', '5:4:', '3:9:9', '3:9:5,4']) {
+      const refused = await collect(t.ws().iterate({ query: EVENTS, variables: { f: {}, after } }), 1, 20_000).then(
+        (results) => results,
+        (errors: unknown) => errors,
+      );
+      // refused as it subscribes: one result with the error, no event
+      assert.equal((refused as any)?.length, 1, `${after}: ${JSON.stringify(refused)}`);
+      assert.equal((refused as any)[0].errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', `${after}: ${JSON.stringify(refused)}`);
+    }
+  });
+
+
   it('is refused with CURSOR_AHEAD when it is ahead of the database (a failover that lost commits), never resumed from silently', async () => {
     const now = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
     const xmax = BigInt(now.split(':')[1]);
