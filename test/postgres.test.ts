@@ -8,6 +8,7 @@ import pg from 'pg';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
+import { parseSnapshot } from '../src/changeCursor.js';
 import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
@@ -571,6 +572,20 @@ describe("the engine's word on which database errors pass by themselves", () => 
   });
 });
 
+describe('a change cursor', () => {
+  it('is accepted only when PostgreSQL takes it as a pg_snapshot (so a client\'s cursor never reaches the database malformed)', async () => {
+    const max = ((1n << 64n) - 1n).toString();
+    const candidates = ['0:0:', '0:1:', '1:0:', '1:1:', '1:2:1', '1:2:2', '2:1:', '3:9:', '3:9:3', '3:9:9', '3:9:4,5', '3:9:5,4', '3:9:4,4', `${max}:${max}:`, `1:${max}:2,3`, '01:2:', '1:2: ', '1:2:,', '-1:2:', '1::', ':1:'];
+    for (const text of candidates) {
+      const accepted = parseSnapshot(text) !== null;
+      const takes = await sql.query('select $1::pg_snapshot as s', [text]).then(() => true, () => false);
+      if (accepted) assert.ok(takes, `accepted ${JSON.stringify(text)}, which PostgreSQL refuses`);
+    }
+    assert.equal(parseSnapshot('0:0:'), null);
+    assert.deepEqual(parseSnapshot('3:9:4,5'), { xmin: 3n, xmax: 9n, xip: [4n, 5n] });
+  });
+});
+
 describe('many subscriptions waiting for the database', () => {
   it('are told about in one log line, not one per subscription and try, and each hears its end once the database is back', async () => {
     const { own, reach } = await outageDatabase();
@@ -774,6 +789,48 @@ describe('waking the workers', () => {
     } finally {
       await workers.close();
       await quiet.close();
+    }
+  });
+});
+
+describe('a timeout shorter than a round trip', () => {
+  it('ends each attempt FAILED with 57014 and retries by maxAttempts; the worker is never taken for lost', async () => {
+    await sql.query(`create procedure pgtest.nap() language plpgsql as $$ begin perform pg_sleep(0.3); end $$`);
+    await engine.registerProcedure('pgtest.nap', { timeoutMs: 1 });
+    const { token, id } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.nap', arguments: {}, maxAttempts: 2 }));
+    const done = await waitFor(async () => {
+      const e = await engine.getExecution(token);
+      return e && ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
+    }, 30_000, 'the timed-out call to end');
+    assert.equal(done.status, 'FAILED');
+    assert.equal(done.error?.number, '57014', JSON.stringify(done.error));
+    assert.equal(done.attempts, 2);
+    const attempts = (await engine.getHistory([id])).get(id) ?? [];
+    assert.deepEqual(attempts.map((a) => [a.status, a.error?.number]), [['FAILED', '57014'], ['FAILED', '57014']], JSON.stringify(attempts));
+  });
+
+  it('the same for a call that runs outside a transaction: its end is recorded at the first try', async () => {
+    await sql.query(`create procedure pgtest.nap_ac() language plpgsql as $$ begin perform pg_sleep(0.3); end $$;
+      select asyncproc.register('pgtest.nap_ac', timeout_ms => 1, transactional => false);
+      select asyncproc.configure_queue('nap_ac', 1)`);
+    // the only worker meanwhile: one whose lines are read
+    await activator.close();
+    const { logger, lines } = capturingLogger('info');
+    const own = createPostgresEngine({ connectionString: url, logger });
+    const worker = await own.startActivator({ workerId: 'nap', queues: ['nap_ac'] });
+    try {
+      const { token } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.nap_ac', arguments: {}, queue: 'nap_ac', maxAttempts: 2 }));
+      const done = await waitFor(async () => {
+        const e = await engine.getExecution(token);
+        return e && ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
+      }, 30_000, 'the timed-out call to end');
+      assert.deepEqual([done.status, done.error?.number, done.attempts], ['FAILED', '57014', 2], JSON.stringify(done.error));
+      assert.deepEqual(lines.filter((l) => /recording a non-transactional call failed/.test(l.msg)), [], 'no record of an end was cut');
+      assert.equal(lines.filter((l) => l.token === token && l.msg === 'execution started').length, 2, 'this worker ran both attempts');
+    } finally {
+      await worker.close();
+      await own.close();
+      activator = await engine.startActivator({ workerId: 'pgtest' });
     }
   });
 });

@@ -286,6 +286,9 @@ class QueueWorkers {
     const err = error as pg.DatabaseError;
     const timedOut = isOwnTimeout(err, timeoutMs, started);
     this.activator.options.logger.info({ ...call, code: err.code, timedOut, error: err.message }, 'execution stopped (cancelled or timed out)');
+    // the call's timeout is still armed on the session: a short one (a few ms) would cut the record
+    // of its end too, and the slot would then drop its session as lost (recover: LOST, then AP010)
+    await armTimeout(client, 0);
     const done = (
       await client.query<EndedRow>(
         'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
@@ -353,6 +356,8 @@ class QueueWorkers {
         ],
       });
     let ended: EndedRow;
+    // stopped by its timeout (or a cancel): the timeout still armed would cut the record of it as well
+    if (failure?.code === '57014') await armTimeout(client, 0);
     try {
       ended = (await conclude()).rows[0];
     } catch (error) {
