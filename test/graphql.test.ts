@@ -208,6 +208,24 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
     await ws.dispose();
   });
 
+  it('a number beyond a double (1e400) is BAD_USER_INPUT, in a literal or a variable, never stored as null', async () => {
+    await expectCode('BAD_USER_INPUT', () => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1e400, b: 1 } }) { execution { token } } }`));
+    await expectCode('BAD_USER_INPUT', () => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: ${'9'.repeat(400)}, b: 1 } }) { execution { token } } }`));
+    // JSON.stringify cannot write it: the body is sent as text, as any client may
+    await expectCode('BAD_USER_INPUT', async () => {
+      const response = await fetch(t.url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: `{"query": "mutation($a: JSON!) { invoke(input: { procedure: \\"demo.add\\", arguments: { a: $a, b: 1 } }) { execution { token } } }", "variables": {"a": -1e400}}`,
+      });
+      return { status: response.status, body: await response.json() };
+    });
+    // one a double holds goes through, intact: here to the procedure's own check (a is an integer)
+    const large = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1e300, b: 1 } }) { execution { token } } }`);
+    assert.equal(large.body.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(large.body.errors));
+    assert.match(large.body.errors[0].message, /1000000000000000000000/);
+  });
+
   it('a malformed query is a GraphQL error, not a 500', async () => {
     const { status, body } = await t.gql(`{ executions( }`);
     assert.ok(status < 500);

@@ -34,6 +34,9 @@ export function checkJsonValue(value: unknown, what: string, maxDepth = MAX_JSON
     const { value: v, depth, path } = item;
     if (typeof v === 'string') {
       checkText(v, path);
+    } else if (typeof v === 'number') {
+      // JSON's 1e400 parses to Infinity, which JSON.stringify would store as null without a word
+      if (!Number.isFinite(v)) throw userError('BAD_USER_INPUT', `${path} holds a number beyond what a double can hold`);
     } else if (typeof v === 'object' && v !== null) {
       if (depth >= maxDepth) throw userError('BAD_USER_INPUT', `${what} is nested deeper than ${maxDepth} levels`);
       for (const [key, child] of Object.entries(v)) {
