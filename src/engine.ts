@@ -206,6 +206,21 @@ export interface Procedure {
   transactional: boolean;
 }
 
+/**
+ * The ranges of a registration both engines store (maxAttempts 1–100, timeoutMs 1 ms to the
+ * largest int4), refused as BAD_USER_INPUT before the database's own constraint would fail the
+ * statement as an unexpected error.
+ */
+export function checkRegisterRanges(options: Pick<RegisterOptions, 'maxAttempts' | 'timeoutMs'>): void {
+  const { maxAttempts, timeoutMs } = options;
+  if (maxAttempts !== undefined && (!Number.isInteger(maxAttempts) || maxAttempts < 1 || maxAttempts > 100)) {
+    throw new EngineError('BAD_USER_INPUT', `maxAttempts must be between 1 and 100, got ${maxAttempts}`);
+  }
+  if (timeoutMs !== undefined && timeoutMs !== null && (!Number.isInteger(timeoutMs) || timeoutMs < 1 || timeoutMs > 2_147_483_647)) {
+    throw new EngineError('BAD_USER_INPUT', `timeoutMs must be at least 1 (or absent: no timeout), got ${timeoutMs}`);
+  }
+}
+
 export interface RegisterOptions {
   queue?: string;
   maxAttempts?: number;

@@ -937,6 +937,20 @@ describe('running calls', () => {
     assert.equal(registered.parameters[0].type, 'text');
   });
 
+  it('a registration with a name that is no routine name, or values out of range, is BAD_USER_INPUT and changes nothing', async () => {
+    const before = await engine.listProcedures();
+    const refused = async (name: string, options: Parameters<typeof engine.registerProcedure>[1] = {}, codes = ['BAD_USER_INPUT']) =>
+      assert.rejects(engine.registerProcedure(name, options), (e: any) => {
+        assert.ok(codes.includes(e.code), `${JSON.stringify(name)} ${JSON.stringify(options)}: ${e.code} ${e.message}`);
+        return true;
+      });
+    for (const name of ['', '   ', "demo.add'); drop table demo.ledger; --", 'pg_catalog.count(*)']) await refused(name);
+    // looked up, and nothing of that name or signature (each named in the message)
+    for (const name of ['a.b.c.d', 'demo.add(no_such_type)', 'demo.add(integer']) await refused(name, {}, ['BAD_USER_INPUT', 'UNKNOWN_PROCEDURE']);
+    for (const options of [{ maxAttempts: 0 }, { maxAttempts: 101 }, { maxAttempts: 1.5 }, { timeoutMs: 0 }, { timeoutMs: -1 }, { timeoutMs: 2 ** 31 }]) await refused('demo.add', options);
+    assert.deepEqual(await engine.listProcedures(), before, 'nothing changed');
+  });
+
   it('SQL registration by bare name; the signature rule and unqualified names are explained; unregister in SQL', async () => {
     await sql.query(`create procedure pgtest.nap(a int, out b int) language plpgsql as $$ begin b := a; end $$;
                      create procedure public.solo_public() language plpgsql as $$ begin end $$;`);

@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { checkGroupCommits, EngineError, NO_GROUP_COMMITS, type GroupCommits, type Procedure, type QueueInfo, type RegisterOptions } from '../../engine.js';
+import { checkGroupCommits, checkRegisterRanges, EngineError, NO_GROUP_COMMITS, type GroupCommits, type Procedure, type QueueInfo, type RegisterOptions } from '../../engine.js';
 import { checkRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { parameterMode } from './types.js';
@@ -81,6 +81,7 @@ export function checkRegisterOptions(options: MssqlRegisterOptions): void {
 }
 
 export async function registerProcedure(pool: sql.ConnectionPool, name: string, options: MssqlRegisterOptions = {}): Promise<Procedure> {
+  checkRegisterRanges(options);
   checkRegisterOptions(options);
   const roles = checkRoles(options.roles);
   const request = pool.request();

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { EngineError, type ParameterMode, type Procedure, type RegisterOptions } from '../../engine.js';
+import { checkRegisterRanges, EngineError, type ParameterMode, type Procedure, type RegisterOptions } from '../../engine.js';
 import { checkRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 
@@ -39,7 +39,15 @@ export async function listProcedures(pool: pg.Pool, only: string | null = null):
 }
 
 /** Register a routine; `name` is a signature (`demo.add(integer, integer, integer)`) or an unambiguous name. */
+/**
+ * SQLSTATEs of a name that is no routine name at all, from resolving it (to_regprocedure and
+ * parse_ident in asyncproc.resolve_routine): not a valid identifier (22023), a syntax error in
+ * a signature (42601), an unknown type in one (42704), a name with too many dots (42601, 3F000).
+ */
+const MALFORMED_NAME = new Set(['22023', '42601', '42602', '42704', '3F000']);
+
 export async function registerProcedure(pool: pg.Pool, name: string, options: RegisterOptions = {}): Promise<Procedure> {
+  checkRegisterRanges(options);
   const roles = checkRoles(options.roles);
   let registered: string;
   try {
@@ -50,8 +58,12 @@ export async function registerProcedure(pool: pg.Pool, name: string, options: Re
     );
     registered = rows[0]?.name;
   } catch (error) {
-    if ((error as { code?: string }).code === '23503') {
+    const code = (error as { code?: string }).code;
+    if (code === '23503') {
       throw new EngineError('UNKNOWN_QUEUE', `queue "${options.queue}" does not exist`, { cause: error });
+    }
+    if (code && MALFORMED_NAME.has(code)) {
+      throw new EngineError('BAD_USER_INPUT', `"${name.slice(0, 200)}" is not a routine name or signature: ${(error as Error).message}`, { cause: error });
     }
     throw mapDatabaseError(error);
   }
