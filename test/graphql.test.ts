@@ -166,6 +166,19 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
         i: Array.from({ length: 6 }, () => ({ procedure: 'demo.noop' })),
       }),
     );
+    // a schedule's arguments, which each firing submits: refused at create and at update, not at every fire
+    await expectCode('PAYLOAD_TOO_LARGE', () =>
+      t.gql(`mutation($a: JSON!) { createSchedule(input: { name: "too-large", procedure: "demo.record", arguments: $a, cron: "0 * * * *" }) { schedule { name } } }`, {
+        a: { tag: 'x'.repeat(2000) },
+      }),
+    );
+    assert.equal((await t.gql(`{ schedule(name: "too-large") { name } }`)).body.data.schedule, null, 'not created');
+    await t.gql(`mutation { createSchedule(input: { name: "small", procedure: "demo.record", arguments: { tag: "x" }, cron: "0 * * * *" }) { schedule { name } } }`);
+    await expectCode('PAYLOAD_TOO_LARGE', () =>
+      t.gql(`mutation($a: JSON!) { updateSchedule(name: "small", input: { arguments: $a }) { schedule { name } } }`, { a: { tag: 'x'.repeat(2000) } }),
+    );
+    assert.deepEqual((await t.gql(`{ schedule(name: "small") { arguments } }`)).body.data.schedule.arguments, { tag: 'x' }, 'unchanged');
+    await t.gql(`mutation { deleteSchedule(name: "small") { schedule { name } } }`);
   });
   it('a submission shares its mutation operation with no other field: refused before anything runs, so no committed call loses its token (HTTP, graphql-ws)', async () => {
     const refused = await expectCode('BAD_USER_INPUT', () =>

@@ -29,15 +29,20 @@ export type InvokeInputShape = {
   maxAttempts?: number | null;
 };
 
+/** Arguments are at most ASYNCPROC_MAX_ARGUMENT_BYTES as JSON (a call's, and a schedule's, which each firing submits). */
+export function checkArgumentBytes(args: unknown, context: Pick<Context, 'limits'>): void {
+  if (Buffer.byteLength(JSON.stringify(args)) > context.limits.maxArgumentBytes) {
+    throw userError('PAYLOAD_TOO_LARGE', `arguments exceed ${context.limits.maxArgumentBytes} bytes`);
+  }
+}
+
 /** Edge checks that need no database: shape and size. */
 export function toCall(input: InvokeInputShape, context: Context): InvokeCall {
   const args = input.arguments ?? {};
   if (typeof args !== 'object' || args === null || Array.isArray(args)) {
     throw userError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
   }
-  if (Buffer.byteLength(JSON.stringify(args)) > context.limits.maxArgumentBytes) {
-    throw userError('PAYLOAD_TOO_LARGE', `arguments exceed ${context.limits.maxArgumentBytes} bytes`);
-  }
+  checkArgumentBytes(args, context);
   return {
     procedure: input.procedure,
     arguments: args as Record<string, unknown>,

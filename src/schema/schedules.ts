@@ -4,6 +4,7 @@ import { builder, type Context } from './builder.js';
 import { guard, requireAdmin, userError } from './errors.js';
 import { ExecutionConnectionRef, ExecutionRef, executionPage } from './execution.js';
 import { checkJsonValue } from './input.js';
+import { checkArgumentBytes } from './invoke.js';
 
 const ScheduleOverlapEnum = builder.enumType('ScheduleOverlap', {
   description: 'ALLOW: fire on time regardless. SKIP: no fire while the previous execution of the schedule has not ended (that instant is passed over).',
@@ -75,8 +76,10 @@ const SchedulePayload = builder.objectRef<{ schedule: Schedule }>('SchedulePaylo
   fields: (t) => ({ schedule: t.field({ type: ScheduleRef, resolve: (p) => p.schedule }) }),
 });
 
-function checkedArguments(value: unknown): Record<string, unknown> {
+function checkedArguments(value: unknown, context: Context): Record<string, unknown> {
   checkJsonValue(value, 'arguments');
+  // each firing submits them: the size an invoke may have, or every firing would be refused
+  checkArgumentBytes(value, context);
   return value as Record<string, unknown>;
 }
 
@@ -100,7 +103,7 @@ builder.mutationFields((t) => ({
         context.engine.createSchedule({
           name: input.name,
           procedure: input.procedure,
-          arguments: checkedArguments(input.arguments ?? {}),
+          arguments: checkedArguments(input.arguments ?? {}, context),
           cron: input.cron,
           timezone: input.timezone,
           queue: input.queue,
@@ -119,7 +122,7 @@ builder.mutationFields((t) => ({
     resolve: (_root, { name, input }, context) => {
       const change: ScheduleChange = { callerRoles: callerRoles(context.principal) };
       if (input.procedure != null) change.procedure = input.procedure;
-      if (input.arguments != null) change.arguments = checkedArguments(input.arguments);
+      if (input.arguments != null) change.arguments = checkedArguments(input.arguments, context);
       if (input.cron != null) change.cron = input.cron;
       if (input.timezone != null) change.timezone = input.timezone;
       // explicit null: back to the procedure's registration
