@@ -122,6 +122,8 @@ describe('authentication', () => {
       ['wrong issuer', await token('alice', [], { iss: 'https://evil.test' }), /iss/],
       ['alg none', unsigned, /none/],
       ['no subject', await token(undefined), /sub/],
+      // stored as U+FFFD, the caller would then not own its own calls
+      ['a lone surrogate in the subject', await token('me\ud800'), /sub/],
       ['garbage', 'not-a-token', /malformed/],
     ];
     for (const [what, jwt, message] of cases) {

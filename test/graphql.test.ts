@@ -1,6 +1,7 @@
 /** GraphQL end to end: the real server over HTTP, graphql-ws and SSE, on a real PostgreSQL. */
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
+import WebSocket from 'ws';
 import { after, before, describe, it } from 'node:test';
 import { printedSchema } from '../src/schema/index.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
@@ -237,6 +238,26 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
     const large = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1e300, b: 1 } }) { execution { token } } }`);
     assert.equal(large.body.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(large.body.errors));
     assert.match(large.body.errors[0].message, /1000000000000000000000/);
+  });
+
+  it('with auth off, an x-asyncproc-user that a database would not store as sent (NUL, a lone surrogate, too long) is refused at connect, not an internal error', async () => {
+    const init = (user: string) =>
+      new Promise<{ ack: boolean; code?: number }>((resolve, reject) => {
+        const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+        socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload: { 'x-asyncproc-user': user } })));
+        socket.on('message', (data) => {
+          if (JSON.parse(String(data)).type === 'connection_ack') {
+            resolve({ ack: true });
+            socket.close();
+          }
+        });
+        socket.on('close', (code) => resolve({ ack: false, code }));
+        socket.on('error', reject);
+      });
+    for (const user of ['a\u0000b', 'me\ud800', 'x'.repeat(257)]) assert.deepEqual(await init(user), { ack: false, code: 4403 }, JSON.stringify(user).slice(0, 40));
+    assert.equal((await init('spa-user')).ack, true);
+    const long = await invoke({ procedure: 'demo.noop' }, { 'x-asyncproc-user': 'y'.repeat(257) });
+    assert.equal(long.status, 401, JSON.stringify(long.body));
   });
 
   it('a malformed query is a GraphQL error, not a 500', async () => {

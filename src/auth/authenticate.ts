@@ -3,6 +3,7 @@ import type { Logger } from '../logger.js';
 import { hashApiKey, isApiKeySecret } from './apiKeys.js';
 import { JwtVerifier, TokenError, type JwtSettings } from './jwt.js';
 import { anonymous, type Principal } from './principal.js';
+import { textProblem } from '../schema/input.js';
 
 export interface AuthSettings {
   /** none: anonymous access, `x-asyncproc-user` honoured (development). required: JWT or API key on every operation. */
@@ -12,6 +13,19 @@ export interface AuthSettings {
 
 /** The header a caller may use to say who it is, honoured only when auth is off. */
 export const USER_HEADER = 'x-asyncproc-user';
+
+/**
+ * The x-asyncproc-user a caller names itself by when auth is off (development): at most 256
+ * characters of text a database stores as it is (no control character, no lone surrogate,
+ * which would come back as U+FFFD: the caller would not own its own calls); else refused.
+ */
+function developmentUser(user: string | null | undefined): string | null {
+  if (typeof user !== 'string' || user === '') return null;
+  if (user.length > 256 || /[\u0000-\u001f]/.test(user) || textProblem(user)) {
+    throw new AuthenticationError('invalid', `${USER_HEADER} must be at most 256 characters of text (no control characters)`);
+  }
+  return user;
+}
 
 /** No credentials (`missing`) or credentials refused (`invalid`): HTTP 401; graphql-ws closes 4401 / 4403. */
 export class AuthenticationError extends Error {
@@ -47,7 +61,7 @@ export class Authenticator {
 
   /** `authorization`: the header's value (or connectionParams'); `user`: the x-asyncproc-user header. */
   async authenticate(authorization: string | null | undefined, user: string | null | undefined): Promise<Principal> {
-    if (!this.required) return anonymous(typeof user === 'string' && user !== '' ? user.slice(0, 256) : null);
+    if (!this.required) return anonymous(developmentUser(user));
     if (!authorization) {
       throw new AuthenticationError('missing', 'authentication required: send Authorization: Bearer <JWT> or Authorization: ApiKey <key>');
     }

@@ -1,6 +1,7 @@
 import { createPublicKey, type KeyObject } from 'node:crypto';
 import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type JWSAlgorithm } from 'jose';
 import { ROLE_NAME } from '../engine.js';
+import { textProblem } from '../schema/input.js';
 
 export interface JwtSettings {
   /** HS256/384/512 shared secret. */
@@ -75,7 +76,8 @@ export class JwtVerifier {
     } catch (error) {
       throw toTokenError(error);
     }
-    if (typeof payload.sub !== 'string' || payload.sub === '' || payload.sub.length > 256 || /[\u0000-\u001f]/.test(payload.sub)) {
+    // a lone surrogate would be stored as U+FFFD, and the caller would then not own its own calls
+    if (typeof payload.sub !== 'string' || payload.sub === '' || payload.sub.length > 256 || /[\u0000-\u001f]/.test(payload.sub) || textProblem(payload.sub)) {
       throw new TokenError('the token has no usable "sub" claim (the caller\'s identity)');
     }
     return {
