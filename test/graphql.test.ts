@@ -260,6 +260,17 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
     assert.equal(long.status, 401, JSON.stringify(long.body));
   });
 
+  it('a variable that is not of its type is BAD_USER_INPUT (HTTP and graphql-ws), not an error without a code', async () => {
+    const query = `mutation($n: Int!) { invoke(input: { procedure: "demo.noop", maxAttempts: $n }) { execution { token } } }`;
+    for (const n of ['3', 2 ** 31, 1.5]) await expectCode('BAD_USER_INPUT', () => t.gql(query, { n }), 400);
+    await expectCode('BAD_USER_INPUT', () => t.gql(query, {}), 400);
+    await expectCode('BAD_USER_INPUT', () => t.gql(`mutation($r: DateTime) { invoke(input: { procedure: "demo.noop", runAt: $r }) { execution { token } } }`, { r: '2024-02-30T00:00:00Z' }), 400);
+    const ws = t.ws();
+    const [result] = await collect(ws.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: 5.5 } }));
+    assert.equal((result as any).errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(result));
+    await ws.dispose();
+  });
+
   it('a malformed query is a GraphQL error, not a 500', async () => {
     const { status, body } = await t.gql(`{ executions( }`);
     assert.ok(status < 500);

@@ -1,5 +1,5 @@
-import { GraphQLError, Kind, visit, type DocumentNode } from 'graphql';
-import type { Plugin } from 'graphql-yoga';
+import { GraphQLError, Kind, visit, type DocumentNode, type ExecutionResult } from 'graphql';
+import { isAsyncIterable, type Plugin } from 'graphql-yoga';
 import { userError } from '../schema/errors.js';
 import { MAX_JSON_DEPTH, checkJsonValue, checkText } from '../schema/input.js';
 
@@ -23,6 +23,25 @@ function finite(literal: string): void {
 function nest(depth: number): void {
   if (depth > MAX_JSON_DEPTH) throw userError('BAD_USER_INPUT', `a value in the query is nested deeper than ${MAX_JSON_DEPTH} levels`);
 }
+
+/**
+ * graphql-js refuses a variable that does not coerce to its type (`Variable "$n" got invalid value
+ * …`, `… of required type "ID!" was not provided`) before executing, with no code: such errors
+ * get BAD_USER_INPUT, as every other refusal of input has a code.
+ */
+function withVariableCodes(result: ExecutionResult): ExecutionResult | null {
+  if (!result.errors?.some(isVariableError)) return null;
+  return {
+    ...result,
+    errors: result.errors.map((error) =>
+      isVariableError(error)
+        ? new GraphQLError(error.message, { nodes: error.nodes, source: error.source, positions: error.positions, path: error.path, originalError: error.originalError, extensions: { ...error.extensions, code: 'BAD_USER_INPUT' } })
+        : error,
+    ),
+  };
+}
+
+const isVariableError = (error: GraphQLError) => error.path === undefined && !error.extensions?.code && error.message.startsWith('Variable "$');
 
 function refusal(error: unknown): { errors: GraphQLError[] } {
   if (error instanceof GraphQLError) return { errors: [error] };
@@ -50,14 +69,30 @@ export function useInputHygiene(): Plugin {
         check(args.document, args.variableValues);
       } catch (error) {
         setResultAndStopExecution(refusal(error));
+        return;
       }
+      return {
+        onExecuteDone({ result, setResult }) {
+          if (isAsyncIterable(result)) return;
+          const coded = withVariableCodes(result);
+          if (coded) setResult(coded);
+        },
+      };
     },
     onSubscribe({ args, setResultAndStopExecution }) {
       try {
         check(args.document, args.variableValues);
       } catch (error) {
         setResultAndStopExecution(refusal(error));
+        return;
       }
+      return {
+        onSubscribeResult({ result, setResult }) {
+          if (isAsyncIterable(result)) return;
+          const coded = withVariableCodes(result);
+          if (coded) setResult(coded);
+        },
+      };
     },
   };
 }
