@@ -63,36 +63,28 @@ export function useInputHygiene(): Plugin {
     checkDocument(document);
     passed.add(document);
   };
+  /** Checks the operation; null when it was refused (its result set), else the hook that codes variable errors. */
+  const checked = (args: { document: DocumentNode; variableValues?: unknown }, refuse: (result: ExecutionResult) => void) => {
+    try {
+      check(args.document, args.variableValues);
+    } catch (error) {
+      refuse(refusal(error));
+      return null;
+    }
+    return ({ result, setResult }: { result: ExecutionResult | AsyncIterable<unknown>; setResult: (result: ExecutionResult) => void }) => {
+      if (isAsyncIterable(result)) return;
+      const coded = withVariableCodes(result);
+      if (coded) setResult(coded);
+    };
+  };
   return {
     onExecute({ args, setResultAndStopExecution }) {
-      try {
-        check(args.document, args.variableValues);
-      } catch (error) {
-        setResultAndStopExecution(refusal(error));
-        return;
-      }
-      return {
-        onExecuteDone({ result, setResult }) {
-          if (isAsyncIterable(result)) return;
-          const coded = withVariableCodes(result);
-          if (coded) setResult(coded);
-        },
-      };
+      const done = checked(args, setResultAndStopExecution);
+      return done ? { onExecuteDone: done } : undefined;
     },
     onSubscribe({ args, setResultAndStopExecution }) {
-      try {
-        check(args.document, args.variableValues);
-      } catch (error) {
-        setResultAndStopExecution(refusal(error));
-        return;
-      }
-      return {
-        onSubscribeResult({ result, setResult }) {
-          if (isAsyncIterable(result)) return;
-          const coded = withVariableCodes(result);
-          if (coded) setResult(coded);
-        },
-      };
+      const done = checked(args, setResultAndStopExecution);
+      return done ? { onSubscribeResult: done } : undefined;
     },
   };
 }
