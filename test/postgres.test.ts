@@ -795,9 +795,9 @@ describe('waking the workers', () => {
 
 describe('a timeout shorter than a round trip', () => {
   it('ends each attempt FAILED with 57014 and retries by maxAttempts; the worker is never taken for lost', async () => {
-    await sql.query(`create procedure pgtest.nap() language plpgsql as $$ begin perform pg_sleep(0.3); end $$`);
-    await engine.registerProcedure('pgtest.nap', { timeoutMs: 1 });
-    const { token, id } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.nap', arguments: {}, maxAttempts: 2 }));
+    await sql.query(`create procedure pgtest.timed_nap() language plpgsql as $$ begin perform pg_sleep(0.3); end $$`);
+    await engine.registerProcedure('pgtest.timed_nap', { timeoutMs: 1 });
+    const { token, id } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.timed_nap', arguments: {}, maxAttempts: 2 }));
     const done = await waitFor(async () => {
       const e = await engine.getExecution(token);
       return e && ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
@@ -810,8 +810,8 @@ describe('a timeout shorter than a round trip', () => {
   });
 
   it('the same for a call that runs outside a transaction: its end is recorded at the first try', async () => {
-    await sql.query(`create procedure pgtest.nap_ac() language plpgsql as $$ begin perform pg_sleep(0.3); end $$;
-      select asyncproc.register('pgtest.nap_ac', timeout_ms => 1, transactional => false);
+    await sql.query(`create procedure pgtest.timed_nap_ac() language plpgsql as $$ begin perform pg_sleep(0.3); end $$;
+      select asyncproc.register('pgtest.timed_nap_ac', timeout_ms => 1, transactional => false);
       select asyncproc.configure_queue('nap_ac', 1)`);
     // the only worker meanwhile: one whose lines are read
     await activator.close();
@@ -819,7 +819,7 @@ describe('a timeout shorter than a round trip', () => {
     const own = createPostgresEngine({ connectionString: url, logger });
     const worker = await own.startActivator({ workerId: 'nap', queues: ['nap_ac'] });
     try {
-      const { token } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.nap_ac', arguments: {}, queue: 'nap_ac', maxAttempts: 2 }));
+      const { token } = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'pgtest.timed_nap_ac', arguments: {}, queue: 'nap_ac', maxAttempts: 2 }));
       const done = await waitFor(async () => {
         const e = await engine.getExecution(token);
         return e && ['SUCCEEDED', 'FAILED'].includes(e.status) ? e : null;
