@@ -254,6 +254,20 @@ describe('refused deployments', () => {
     }
   });
 
+  it("a database whose DBA set default_transaction_read_only: the service refuses to start and names the setting", async () => {
+    const readOnly = await cluster.createDatabase('read_only');
+    const admin = await cluster.connect(cluster.server.url);
+    try {
+      await admin.query('alter database read_only set default_transaction_read_only = on');
+    } finally {
+      await admin.end();
+    }
+    const { name, message } = await startRefused(readOnly);
+    assert.equal(name, 'UnsuitableDatabaseError', message);
+    assert.match(message, /default_transaction_read_only is on/);
+    assert.match(message, /ALTER DATABASE … SET default_transaction_read_only = off/);
+  });
+
   describe('a streaming standby of the primary', () => {
     let standbyDir: string;
     let standby: ChildProcess | undefined;

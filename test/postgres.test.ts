@@ -12,7 +12,7 @@ import { parseSnapshot } from '../src/changeCursor.js';
 import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
-import { startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 import { capturingLogger } from './support/logs.js';
 
 let cluster: TestCluster;
@@ -583,6 +583,103 @@ describe('a change cursor', () => {
     }
     assert.equal(parseSnapshot('0:0:'), null);
     assert.deepEqual(parseSnapshot('3:9:4,5'), { xmin: 3n, xmax: 9n, xip: [4n, 5n] });
+  });
+});
+
+describe("a database with a DBA's strict defaults", () => {
+  /** A database of its own with these defaults for every new session, the engine on it (migrated, demo installed), its lines kept. */
+  async function strictDatabase(settings: Record<string, string>) {
+    const dbUrl = await cluster.createDatabase();
+    const name = new URL(dbUrl).pathname.slice(1);
+    for (const [setting, value] of Object.entries(settings)) await sql.query(`alter database ${sql.escapeIdentifier(name)} set ${setting} = '${value}'`);
+    const { logger, lines } = capturingLogger('info');
+    const strict = createPostgresEngine({ connectionString: dbUrl, logger });
+    await strict.migrate();
+    await strict.installDemo();
+    const worker = await strict.startActivator({ workerId: 'strict' });
+    const db = await cluster.connect(dbUrl);
+    const ended = (tokens: string[], timeoutMs = 30_000) =>
+      waitFor(async () => {
+        const rows = await strict.getExecutions(tokens);
+        return rows.length === tokens.length && rows.every((r) => ['SUCCEEDED', 'FAILED', 'CANCELLED'].includes(r.status)) ? rows : null;
+      }, timeoutMs, 'the calls to end');
+    const close = async () => {
+      await worker.close();
+      await strict.close();
+      await db.end();
+    };
+    return { strict, db, lines, ended, close };
+  }
+
+  it("lock_timeout: the service's own lock waits after a call (its batch's row) are not cut; every call succeeds once", async () => {
+    const { strict, db, ended, close } = await strictDatabase({ lock_timeout: '100ms' });
+    try {
+      const batch = await strict.submitBatch([
+        Array.from({ length: 4 }, (_, i) => ({ procedure: 'demo.sleep', arguments: { seconds: 0.3 + i * 0.05 } })),
+        [{ procedure: 'demo.record', arguments: { tag: 'after-the-wait' } }],
+      ]);
+      const first = (await strict.getBatchExecutions(batch.id)).filter((e) => e.procedure === 'demo.sleep').map((e) => e.token);
+      await waitFor(async () => ((await strict.getExecutions(first)).every((e) => e.status === 'RUNNING') ? true : null), 10_000, 'the first stage running');
+      // someone holds the batch's row while the first stage ends: each end waits for it, far past 100 ms
+      await db.query('begin');
+      await db.query('select from asyncproc.batches where id = $1 for update', [batch.id]);
+      await sleep(1200);
+      await db.query('commit');
+      const rows = await ended((await strict.getBatchExecutions(batch.id)).map((e) => e.token), 60_000);
+      assert.deepEqual(rows.map((r) => [r.status, r.attempts, r.error?.number ?? null]), rows.map(() => ['SUCCEEDED', 1, null]), JSON.stringify(rows.map((r) => r.error)));
+      // each ran once: no attempt was lost with a dropped session and run again
+      const history = await strict.getHistory(rows.map((r) => r.id));
+      assert.deepEqual([...history.values()].flat().map((a) => a.status), rows.map(() => 'SUCCEEDED'));
+      assert.equal((await strict.getBatch(batch.id))?.status, 'SUCCEEDED');
+      assert.equal(Number((await db.query(`select count(*) from demo.ledger where tag = 'after-the-wait'`)).rows[0].count), 1);
+    } finally {
+      await db.query('rollback').catch(() => undefined);
+      await close();
+    }
+  });
+
+  it('transaction_timeout and idle_session_timeout: a call longer than the first runs once; idle connections are not cut', async () => {
+    const { strict, lines, ended, close } = await strictDatabase({ transaction_timeout: '1s', idle_session_timeout: '1s' });
+    let heard = 0;
+    const listener = await strict.startListener({ onChange: () => void heard++, onError: () => undefined });
+    try {
+      const [long] = await strict.submit!([{ procedure: 'demo.sleep', arguments: { seconds: 1.6 } }]);
+      const [done] = await ended([long.token]);
+      assert.deepEqual([done.status, done.attempts], ['SUCCEEDED', 1], JSON.stringify(done.error));
+      // idle past the DBA's limit, then the same connections serve again
+      await sleep(2500);
+      const [later] = await strict.submit!([{ procedure: 'demo.noop', arguments: {} }]);
+      assert.equal((await ended([later.token]))[0].status, 'SUCCEEDED');
+      assert.ok(heard > 0);
+      const cut = lines.filter((l) => /connection lost|idle pool connection failed|worker slot lost|recovered/.test(l.msg));
+      assert.deepEqual(cut.map((l) => l.msg), [], 'no connection of the service was cut');
+    } finally {
+      await listener.close();
+      await close();
+    }
+  });
+
+  it('output formats: extra_float_digits, bytea_output and IntervalStyle do not change what an outcome says', async () => {
+    const { strict, db, ended, close } = await strictDatabase({ extra_float_digits: '-15', bytea_output: 'escape', IntervalStyle: 'sql_standard' });
+    try {
+      await db.query(`create schema fmt;
+        create procedure fmt.values(inout d double precision, inout b bytea, inout i interval) language plpgsql as $$
+        begin d := d * 2; b := b || '\\xff'::bytea; i := i * 2; end $$;
+        create function fmt.rows() returns table (d double precision, b bytea, i interval) language sql as $$
+          select 1234.5678::float8, '\\x00ff'::bytea, interval '1 day 2 hours 3 minutes 4 seconds' $$;`);
+      await strict.registerProcedure('fmt.values');
+      await strict.registerProcedure('fmt.rows');
+      const [proc, func] = await strict.submit!([
+        { procedure: 'fmt.values', arguments: { d: 1234.5678, b: '\\x0001', i: '1 day 02:03:04' } },
+        { procedure: 'fmt.rows', arguments: {} },
+      ]);
+      const [p, f] = await ended([proc.token, func.token]);
+      assert.equal(p.status, 'SUCCEEDED', JSON.stringify(p.error));
+      assert.deepEqual(p.result?.outputParameters, { d: 2469.1356, b: '\\x0001ff', i: '2 days 04:06:08' });
+      assert.deepEqual(f.result?.rows, [{ d: 1234.5678, b: '\\x00ff', i: '1 day 02:03:04' }]);
+    } finally {
+      await close();
+    }
   });
 });
 

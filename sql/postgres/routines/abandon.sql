@@ -9,7 +9,8 @@ create or replace function asyncproc.abandon(
   execution_id bigint, err_number text, err_message text, timed_out boolean default false,
   out done_seq bigint, out done_status text
 )
-language plpgsql as $$
+-- lock_timeout = 0: the service's own lock waits, as in finish()
+language plpgsql set lock_timeout = 0 as $$
 declare
   key  record;
   call record;

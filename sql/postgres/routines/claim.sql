@@ -17,7 +17,8 @@ create or replace function asyncproc.claim(
   out token uuid, out procedure text,   -- for the worker's log lines (grep a token, read its story)
   out more boolean
 )
-language plpgsql as $$
+-- lock_timeout = 0: the service's own lock waits, as in finish()
+language plpgsql set lock_timeout = 0 as $$
 declare
   ready_id bigint;
 begin

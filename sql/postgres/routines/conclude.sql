@@ -13,7 +13,8 @@ create or replace function asyncproc.conclude(
   out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,
   out next_transactional boolean, out next_token uuid, out next_procedure text
 )
-language plpgsql as $$
+-- lock_timeout = 0: the service's own lock waits, as in finish()
+language plpgsql set lock_timeout = 0 as $$
 declare
   key  record;
   call record;

@@ -12,7 +12,10 @@ create or replace function asyncproc.finish(
   member_started timestamptz default null, member_worker text default null,
   out done_seq bigint, out done_status text
 )
-language plpgsql as $$
+-- the service's own lock waits (a batch row, the call's row or lock) are not cut by a database's
+-- default lock_timeout: cut after a call ran, they failed a call that had succeeded, or dropped
+-- the worker's session and ran it again; the call itself keeps the caller's lock_timeout
+language plpgsql set lock_timeout = 0 as $$
 declare
   ended_batch uuid;
   member      boolean := member_started is not null;

@@ -16,7 +16,8 @@
 -- waited for), and ready rows before execution rows, as claim() does.
 -- cancel() takes the batch row first for a member that has not started.
 create or replace function asyncproc.settle_batch(settle_id uuid) returns void
-language plpgsql as $$
+-- lock_timeout = 0: the service's own lock waits, as in finish()
+language plpgsql set lock_timeout = 0 as $$
 declare
   batch  asyncproc.batches;
   moved  record;

@@ -6,7 +6,8 @@ create or replace function asyncproc.start(
   execution_id bigint, worker text,
   out id bigint, out seq bigint, out timeout_ms integer, out transactional boolean, out token uuid, out procedure text
 )
-language plpgsql as $$
+-- lock_timeout = 0: the service's own lock waits, as in finish()
+language plpgsql set lock_timeout = 0 as $$
 begin
   update asyncproc.executions e
      set status = 'RUNNING', started_at = clock_timestamp(), finished_at = null, attempts = e.attempts + 1,

@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { ActivatorOptions, Closeable, ExecutionStatus, GroupCommits } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig } from './connection.js';
+import { connectionConfig, liftSessionLimits } from './connection.js';
 import type { Notifier } from './notifier.js';
 import type { ProgressRelay, ProgressSource } from './progress.js';
 import { rowFromJson, toExecution } from './rows.js';
@@ -491,6 +491,7 @@ export class PostgresActivator implements Closeable {
     client.statementTimeout = 0;
     client.on('error', (error) => this.options.logger.debug({ err: error }, 'worker connection error'));
     await client.connect();
+    await liftSessionLimits(client);
     // a killed worker's running statement is abandoned within a second, so its call is recovered promptly
     await client.query(`set client_connection_check_interval = 1000`).catch(() => undefined);
     return client;

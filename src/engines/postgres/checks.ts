@@ -21,11 +21,20 @@ export async function checkDeployment(connectionString: string, logger: Logger):
     throw error;
   });
   try {
-    const { rows } = await probe.query<{ standby: boolean }>('select pg_is_in_recovery() as standby');
+    const { rows } = await probe.query<{ standby: boolean; readOnly: string }>(
+      `select pg_is_in_recovery() as standby, current_setting('default_transaction_read_only') as "readOnly"`,
+    );
     if (rows[0].standby) {
       throw new UnsuitableDatabaseError(
         `DATABASE_URL points at a standby (pg_is_in_recovery() is true): asyncproc writes on every call and claim. ` +
           `Point DATABASE_URL at the primary; ${FIX}.`,
+      );
+    }
+    if (rows[0].readOnly === 'on') {
+      // left as the DBA set it (a database closed to writes for maintenance, say), but named
+      throw new UnsuitableDatabaseError(
+        `default_transaction_read_only is on for this database or login: asyncproc writes on every call and claim. ` +
+          `Turn it off for the service (ALTER DATABASE … SET default_transaction_read_only = off, or ALTER ROLE … SET for its login).`,
       );
     }
     await checkOwnSession(probe, other, logger);

@@ -12,13 +12,35 @@ import type pg from 'pg';
  * - TCP keepalives, both ways: a half-open connection (a network cut) is noticed in
  *   about idle + interval × count = 25 s, not the kernel's two hours, so the server ends
  *   a lost worker's session and releases its locks, and recover starts its call again.
+ * - Output formats of the values a call's outcome is made of (to_jsonb in the worker's
+ *   session): a database default of extra_float_digits = -15 turned 2469.1356 into 2000,
+ *   bytea_output = escape and IntervalStyle = sql_standard changed the text of bytea and
+ *   interval results. Pinned to PostgreSQL's defaults, so an outcome does not depend on them.
  */
 export const SESSION_SETTINGS: Readonly<Record<string, string>> = {
   default_transaction_isolation: 'read committed',
   tcp_keepalives_idle: '10',
   tcp_keepalives_interval: '5',
   tcp_keepalives_count: '3',
+  extra_float_digits: '1',
+  bytea_output: 'hex',
+  IntervalStyle: 'postgres',
 };
+
+/**
+ * Session limits a DBA may set as defaults that would cut the engine's own connections, turned
+ * off on each of them right after it connects (both are settable by any user), where the server
+ * knows them: an unknown name in the startup packet would refuse the connection on an older
+ * server. idle_session_timeout (PostgreSQL 14+) ended the listener's and the pool's idle
+ * sessions every few seconds (a reconnect, two warnings, a query on a killed connection);
+ * transaction_timeout (17+) ended a worker's session in any call longer than it (FATAL 25P04),
+ * and the call was recovered and run again, five times, then failed as lost.
+ */
+const LIFT_SESSION_LIMITS = `select set_config(s.name, '0', false) from pg_settings s where s.name in ('idle_session_timeout', 'transaction_timeout')`;
+
+export async function liftSessionLimits(client: Pick<pg.Client, 'query'>): Promise<void> {
+  await client.query(LIFT_SESSION_LIMITS);
+}
 
 /** Client side of the keepalive: the first probe after this long idle. */
 const KEEPALIVE_INITIAL_DELAY_MS = 10_000;

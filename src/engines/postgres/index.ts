@@ -23,7 +23,7 @@ import { parseExactJson } from '../exactJson.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
-import { connectionConfig } from './connection.js';
+import { connectionConfig, liftSessionLimits } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
 import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
 import { isTransient } from './errors.js';
@@ -89,6 +89,8 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       application_name: 'asyncproc',
     });
     this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
+    // queued before the query the connection was made for
+    this.pool.on('connect', (client) => void liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits')));
     this.notifier = new Notifier(options.connectionString, this.logger);
     this.coalescer = new SubmitCoalescer(this.pool);
     this.progress = new ProgressRelay(this.pool, this.logger);

@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { Closeable, ListenerSink } from '../../engine.js';
 import { EXECUTION_STATUSES, toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig } from './connection.js';
+import { connectionConfig, liftSessionLimits } from './connection.js';
 import { PROGRESS_CHANNEL } from './progress.js';
 
 export interface PostgresListenerOptions {
@@ -73,6 +73,7 @@ export class PostgresListener implements Closeable {
     });
     try {
       await client.connect();
+      await liftSessionLimits(client);
       await client.query(`listen asyncproc_events; listen ${PROGRESS_CHANNEL}`);
     } catch (error) {
       onLost(toError(error));

@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { isTerminal, toError, type Execution, type ExecutionStatus, type ListenerSink } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig } from './connection.js';
+import { connectionConfig, liftSessionLimits } from './connection.js';
 
 /** NOTIFY payloads must stay under 8000 bytes; keys are ~30 bytes each. */
 const MAX_PAYLOAD = 7000;
@@ -89,6 +89,7 @@ export class Notifier {
       client.on('error', forget);
       client.on('end', forget);
       await client.connect();
+      await liftSessionLimits(client);
       await client.query('set synchronous_commit = off');
       this.client = client;
       return client;
