@@ -12,7 +12,7 @@ import { parseSnapshot } from '../src/changeCursor.js';
 import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
 import { silentLogger } from '../src/logger.js';
-import { sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
+import { peakConcurrency, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 import { capturingLogger } from './support/logs.js';
 
 let cluster: TestCluster;
@@ -887,6 +887,26 @@ describe('waking the workers', () => {
       await workers.close();
       await quiet.close();
     }
+  });
+});
+
+describe("a queue's concurrency lowered while it drains", () => {
+  it('applies from the running calls\' ends, not once the queue is empty', async () => {
+    await engine.configureQueue('shrink', 4);
+    const calls = await engine.submit!(Array.from({ length: 300 }, () => ({ procedure: 'demo.sleep', arguments: { seconds: 0.02 }, queue: 'shrink' })));
+    const tokens = calls.map((c) => c.token);
+    await waitFor(async () => ((await engine.getExecutions(tokens)).filter((e) => e.status === 'SUCCEEDED').length >= 40 ? true : null), 20_000, 'the drain under way');
+    await engine.configureQueue('shrink', 1);
+    const lowered = Date.now();
+    const rows = await waitFor(async () => {
+      const all = await engine.getExecutions(tokens);
+      return all.every((e) => e.status === 'SUCCEEDED') ? all : null;
+    }, 60_000, 'the drain to end');
+    // the calls that started once the change reached the workers (the running ones end within ms)
+    const after = rows.filter((r) => r.startedAt!.getTime() >= lowered + 500);
+    assert.ok(after.length >= 50, `${after.length} calls started after the change`);
+    assert.equal(peakConcurrency(after), 1, 'one call at a time after the limit fell to 1');
+    assert.equal(peakConcurrency(rows.filter((r) => r.finishedAt!.getTime() < lowered)), 4, 'four at a time before');
   });
 });
 

@@ -46,7 +46,7 @@ const PROBE_MS = 5000;
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
 /** A worker's connection: the queue slot it holds, and the statement_timeout armed on it (ms, 0: none). */
-type SlotClient = ProgressSource & { slot?: number; statementTimeout?: number };
+type SlotClient = ProgressSource & { slot?: number; statementTimeout?: number; loop?: number };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
 function isConnectionError(error: unknown): boolean {
@@ -128,6 +128,7 @@ class QueueWorkers {
       try {
         if (!client) {
           client = await this.activator.connect(`asyncproc worker ${worker}`);
+          client.loop = index;
           options.progress?.attach(client);
           backoff = 100;
         }
@@ -153,6 +154,8 @@ class QueueWorkers {
       }
     }
     await client?.end().catch(() => undefined);
+    // a surplus loop's slot is free now: a loop of this process waiting for one need not wait for its next probe
+    this.vacancy.ring(true);
   }
 
   /** Hold one of the queue's slots (session-level lock: released when this connection closes). */
@@ -212,10 +215,18 @@ class QueueWorkers {
     client.executionId = null;
   }
 
-  /** The next queue to claim from after a call (none while stopping), and the row cap of results. */
-  private get nextQueue(): string | null {
-    return this.activator.stopping ? null : this.name;
+  /**
+   * The queue to claim the next call from, in the statement that ends this one; none while
+   * stopping, and none once the queue's concurrency fell below this loop or the slot it holds
+   * (configureQueue lowered it): the loop then ends after its current call, as resize() says,
+   * instead of going on until the queue is empty with more calls running than the limit.
+   */
+  private nextQueue(client: SlotClient): string | null {
+    if (this.activator.stopping) return null;
+    const within = (n: number | undefined) => n !== undefined && n < this.concurrency;
+    return within(client.loop) && within(client.slot) ? this.name : null;
   }
+  /** The row cap of results. */
   private get maxRows(): number {
     return this.activator.options.maxRows ?? 100;
   }
@@ -233,7 +244,7 @@ class QueueWorkers {
         await client.query<EndedRow>({
           name: 'asyncproc-run',
           text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure, done_row from asyncproc.run($1, $2, $3, $4, $5)',
-          values: [current, worker, this.nextQueue, this.maxRows, call.token !== null && this.activator.options.notifier.awaited(call.token)],
+          values: [current, worker, this.nextQueue(client), this.maxRows, call.token !== null && this.activator.options.notifier.awaited(call.token)],
         })
       ).rows[0];
       return this.ended(current, ran, call);
@@ -256,7 +267,7 @@ class QueueWorkers {
         await client.query<GroupRow>({
           name: 'asyncproc-run-group',
           text: 'select id, seq, status, token, procedure, timeout_ms, transactional from asyncproc.run_group($1, $2, $3, $4, $5, $6)',
-          values: [current, worker, this.nextQueue, this.grouping.size, this.grouping.maxMs, this.maxRows],
+          values: [current, worker, this.nextQueue(client), this.grouping.size, this.grouping.maxMs, this.maxRows],
         })
       ).rows;
     } catch (error) {
@@ -348,7 +359,7 @@ class QueueWorkers {
         text: `select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure
                  from asyncproc.conclude($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
         values: [
-          current, worker, this.nextQueue, outcome.succeeded, outcome.function, outcome.names, outcome.types, outcome.values,
+          current, worker, this.nextQueue(client), outcome.succeeded, outcome.function, outcome.names, outcome.types, outcome.values,
           failure ? (failure.code ?? 'XX000') : null,
           failure ? describe(failure, timedOut, timeoutMs) : null,
           failure?.detail ?? null,
