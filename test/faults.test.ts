@@ -10,7 +10,7 @@ import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
 import { CompletionHub } from '../src/completionHub.js';
-import type { PostgresEngine } from '../src/engines/postgres/index.js';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { silentLogger } from '../src/logger.js';
 import { collect, startTestApp } from './support/app.js';
 import { freePort, peakConcurrency, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
@@ -151,6 +151,61 @@ describe('cancelling running calls', () => {
       assert.equal(done.status, 'SUCCEEDED');
       assert.equal(await ledger('stray-cancel'), 1);
     } finally {
+      await activator.close();
+    }
+  });
+
+  it("the cancel's signal leaves from the transaction that marks the call, while it holds the call's row (so the call cannot end in between)", async () => {
+    const activator = await engine.startActivator({ workerId: 'signal-inside' });
+    try {
+      const [token] = await invokeSql([['faults.record_then_sleep', { tag: 'signal-inside', seconds: 30 }]]);
+      await waitFor(async () => (await statusOf(token)).status === 'RUNNING', 10_000, 'running');
+      // asyncproc.cancel alone, as the service calls it: no signal is sent after it
+      const { rows } = await sql.query('select outcome, backend_pid from asyncproc.cancel($1::uuid)', [token]);
+      assert.equal(rows[0].outcome, 'RUNNING');
+      assert.equal(typeof rows[0].backend_pid, 'number', 'the session it signalled');
+      const [done] = await allFinished([token], 10_000);
+      assert.equal(done.status, 'CANCELLED');
+      assert.equal(await ledger('signal-inside'), 0);
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it('a cancel of a call that ends as it comes never stops the call its session runs next (150 rounds, a busy pool)', async () => {
+    // the call after it: runs outside a transaction, so a stray signal would fail it for good
+    await sql.query(`create procedure faults.bystander(tag text) language plpgsql as $$
+        begin perform pg_sleep(0.04); insert into demo.ledger (tag) values (tag); end $$;
+      select asyncproc.register('faults.bystander(text)', transactional => false);
+      select asyncproc.configure_queue('bystand', 1);`);
+    const activator = await engine.startActivator({ workerId: 'bystand', queues: ['bystand'] });
+    // the canceller's pool: small and busy, as an API's under load (the race window was its latency)
+    const canceller = createPostgresEngine({ connectionString: url, poolSize: 3 });
+    let busy = true;
+    const load = Array.from({ length: 3 }, async () => {
+      while (busy) await canceller.pool.query('select pg_sleep(0.02)');
+    });
+    const bystanders: string[] = [];
+    try {
+      for (let round = 0; round < 150; round++) {
+        const [target, bystander] = await engine.submit!([
+          { procedure: 'demo.sleep', arguments: { seconds: Math.random() * 0.008 }, queue: 'bystand' },
+          { procedure: 'faults.bystander', arguments: { tag: `bystander-${round}` }, queue: 'bystand' },
+        ]);
+        bystanders.push(bystander.token);
+        await sleep(Math.random() * 12);
+        await canceller.cancelExecution(target.token).catch((error: { code?: string }) => {
+          if (error.code !== 'ALREADY_FINISHED') throw error;
+        });
+      }
+      const rows = await allFinished(bystanders, 60_000);
+      const hit = rows.filter((r) => r.status !== 'SUCCEEDED');
+      assert.deepEqual(hit.map((r) => [r.status, r.error?.number, r.error?.message]), [], 'no call was stopped by a cancel meant for the call before it');
+      assert.equal(Number((await sql.query(`select count(*) from demo.ledger where tag like 'bystander-%'`)).rows[0].count), 150);
+    } finally {
+      busy = false;
+      await Promise.all(load);
+      await canceller.close();
       await activator.close();
     }
   });

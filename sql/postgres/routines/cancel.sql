@@ -40,5 +40,13 @@ begin
   if cancel.backend_pid is distinct from asyncproc.lock_holder(target.id) then
     cancel.backend_pid := null;
   end if;
+  -- The signal goes from here, while the update above holds the call's row: the worker cannot
+  -- commit the call's end until this transaction ends (its finish() waits for the row), so the
+  -- signal reaches this call, in its run or in that wait, never the next call of the same
+  -- session. Sent by the service after this commit, it once stopped the call that session ran
+  -- next. backend_pid: the session signalled (null: none).
+  if cancel.backend_pid is not null and not pg_cancel_backend(cancel.backend_pid) then
+    cancel.backend_pid := null;
+  end if;
 end
 $$;

@@ -1,8 +1,9 @@
--- Step two: ask every running member of the batch to stop (as cancel() does for one call);
--- returns the sessions of those not asked before that still hold their call's lock, for
--- pg_cancel_backend (never a dead worker's pid, which may now be an unrelated backend's;
--- recover ends those calls CANCELLED). The service repeats both steps until the batch has
--- ended: a member that went from RUNNING back to WAITING (a retry) while step one ran is
+-- Step two: ask every running member of the batch to stop (as cancel() does for one call),
+-- and signal (pg_cancel_backend) the sessions of those not asked before that still hold their
+-- call's lock (never a dead worker's pid, which may now be an unrelated backend's; recover ends
+-- those calls CANCELLED), from this statement, while its update holds their rows (see
+-- cancel()); returns the sessions signalled. The service repeats both steps until the batch
+-- has ended: a member that went from RUNNING back to WAITING (a retry) while step one ran is
 -- caught by the next round.
 create or replace function asyncproc.cancel_batch_running(cancel_id uuid) returns setof integer
 language sql as $$
@@ -11,5 +12,5 @@ language sql as $$
      where e.batch_id = cancel_id and e.status = 'RUNNING' and not e.cancel_requested
     returning e.id, e.backend_pid
   )
-  select a.backend_pid from asked a where a.backend_pid = asyncproc.lock_holder(a.id)
+  select a.backend_pid from asked a where a.backend_pid = asyncproc.lock_holder(a.id) and pg_cancel_backend(a.backend_pid)
 $$;

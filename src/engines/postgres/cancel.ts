@@ -15,34 +15,39 @@ export async function cancelExecution(pool: pg.Pool, token: string, waitMs = 10_
   let pid: number | null = null;
   // RETRY: a batch member started while we held its batch; ask again in a new transaction
   for (let tries = 0; outcome === 'RETRY' && tries < 20; tries++) {
-    const { rows } = await pool.query<{ outcome: Outcome; backend_pid: number | null }>(
-      'select outcome, backend_pid from asyncproc.cancel($1::uuid)',
-      [token],
+    // a running call's session is signalled inside (asyncproc.cancel), while its row is held
+    const { rows } = await signalling(`cancel the session running ${token}`, () =>
+      pool.query<{ outcome: Outcome; backend_pid: number | null }>('select outcome, backend_pid from asyncproc.cancel($1::uuid)', [token]),
     );
     ({ outcome, backend_pid: pid } = rows[0]);
   }
   if (outcome === 'RETRY') throw new Error(`could not cancel ${token}: its state kept changing`);
   if (outcome === 'NOT_FOUND') throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
   if (outcome === 'FINISHED') throw new EngineError('ALREADY_FINISHED', `execution ${token} has already finished`);
-  if (outcome === 'RUNNING') {
-    let signalled = false;
-    try {
-      signalled = await signal(pool, pid!);
-    } catch (error) {
-      throw new EngineError('FORBIDDEN', `not allowed to cancel the session running ${token}: ${(error as Error).message}`, { cause: error });
-    }
-    // the call may have ended just before the signal; either way, wait until it is no longer running
+  if (outcome === 'RUNNING' && pid !== null) {
+    // wait until it is no longer running
     for (const deadline = Date.now() + waitMs; Date.now() < deadline; await sleep(50)) {
       const [execution] = await getExecutions(pool, [token]);
-      if (isTerminal(execution.status) || !signalled) return execution;
+      if (isTerminal(execution.status)) return execution;
     }
   }
   return (await getExecutions(pool, [token]))[0];
 }
 
-/** Ask the session running a call to cancel its statement; its worker records the outcome. */
-async function signal(pool: pg.Pool, pid: number): Promise<boolean> {
-  return (await pool.query<{ ok: boolean }>('select pg_cancel_backend($1) as ok', [pid])).rows[0].ok;
+/**
+ * A statement that signals a session (pg_cancel_backend); a role that may not (neither the
+ * session's role nor a member of pg_signal_backend) makes it fail whole, nothing changed:
+ * FORBIDDEN.
+ */
+async function signalling<T>(what: string, statement: () => Promise<T>): Promise<T> {
+  try {
+    return await statement();
+  } catch (error) {
+    if ((error as { code?: string }).code === '42501') {
+      throw new EngineError('FORBIDDEN', `not allowed to ${what}: ${(error as Error).message}`, { cause: error });
+    }
+    throw error;
+  }
 }
 
 /**
@@ -56,15 +61,11 @@ export async function cancelBatch(pool: pg.Pool, id: string, waitMs = 10_000): P
   if (first === 'NOT_FOUND') throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
   if (first === 'FINISHED') throw new EngineError('ALREADY_FINISHED', `batch ${id} has already ended`);
   for (const deadline = Date.now() + waitMs; ; await sleep(50)) {
-    const { rows } = await pool.query<{ pid: number }>('select pid from asyncproc.cancel_batch_running($1::uuid) pid', [id]);
-    for (const { pid } of rows) {
-      try {
-        await signal(pool, pid);
-      } catch (error) {
-        throw new EngineError('FORBIDDEN', `not allowed to cancel session ${pid} of batch ${id}: ${(error as Error).message}`, { cause: error });
-      }
-    }
-    const batch = (await getBatch(pool, id))!;
+    // the running members' sessions are signalled inside, while their rows are held
+    await signalling(`cancel the running members of batch ${id}`, () => pool.query('select asyncproc.cancel_batch_running($1::uuid)', [id]));
+    const batch = await getBatch(pool, id);
+    // purged meanwhile (a retention of about nothing): it had ended
+    if (!batch) throw new EngineError('ALREADY_FINISHED', `batch ${id} has already ended`);
     if (batch.status !== 'RUNNING' || Date.now() >= deadline) return batch;
     await step(); // a member that went back to WAITING (a retry) meanwhile
   }
