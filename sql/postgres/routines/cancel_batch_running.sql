@@ -12,5 +12,7 @@ language sql as $$
      where e.batch_id = cancel_id and e.status = 'RUNNING' and not e.cancel_requested
     returning e.id, e.backend_pid
   )
-  select a.backend_pid from asked a where a.backend_pid = asyncproc.lock_holder(a.id) and pg_cancel_backend(a.backend_pid)
+  -- CASE: the lock holder is checked first (an AND may be evaluated in either order)
+  select a.backend_pid from asked a
+   where case when a.backend_pid = asyncproc.lock_holder(a.id) then pg_cancel_backend(a.backend_pid) else false end
 $$;
