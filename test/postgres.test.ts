@@ -673,7 +673,9 @@ describe("a database with a DBA's strict defaults", () => {
         { procedure: 'fmt.values', arguments: { d: 1234.5678, b: '\\x0001', i: '1 day 02:03:04' } },
         { procedure: 'fmt.rows', arguments: {} },
       ]);
-      const [p, f] = await ended([proc.token, func.token]);
+      const rows = await ended([proc.token, func.token]);
+      // by token: getExecutions keeps no order
+      const [p, f] = [proc.token, func.token].map((token) => rows.find((r) => r.token === token)!);
       assert.equal(p.status, 'SUCCEEDED', JSON.stringify(p.error));
       assert.deepEqual(p.result?.outputParameters, { d: 2469.1356, b: '\\x0001ff', i: '2 days 04:06:08' });
       assert.deepEqual(f.result?.rows, [{ d: 1234.5678, b: '\\x00ff', i: '1 day 02:03:04' }]);
