@@ -739,6 +739,13 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       }
     });
 
+    it("the service's own routines are not procedures to run: registering one is BAD_USER_INPUT and changes nothing", async () => {
+      const before = await engine.listProcedures();
+      const own = engine.kind === 'mssql' ? ['asyncexec.usp_AsyncExecPurge', 'asyncexec.usp_AsyncExecInvoke'] : ['asyncproc.purge', 'asyncproc.recover'];
+      for (const name of own) await assert.rejects(engine.registerProcedure(name), isCode('BAD_USER_INPUT'), name);
+      assert.deepEqual(await engine.listProcedures(), before);
+    });
+
     it('unregister: new calls are refused, executions already submitted still run and stay readable; unknown names are NOT_FOUND', async () => {
       try {
         const [waiting] = await submit([{ procedure: 'demo.noop', arguments: {}, runAt: new Date(Date.now() + 1500), submittedBy: 'unregister' }]);

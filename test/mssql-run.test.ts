@@ -251,6 +251,16 @@ describe('mssql run: timeoutMs (item 6 of the brief, 10 of the issue)', () => {
   });
 });
 
+describe('mssql register: the service’s own procedures', () => {
+  it('are refused (50005, BAD_USER_INPUT) once the name is resolved, before anything is written', async () => {
+    const register = withoutComments(await procedure('usp_AsyncExecRegister'));
+    const guard = /IF @schema = N'asyncexec'\s+BEGIN\s+SET @message = CONCAT\([^;]*\);\s+THROW 50005, @message, 1;\s+END;/.exec(register);
+    assert.ok(guard, 'the guard on the resolved schema');
+    assert.ok(guard.index > register.indexOf('SELECT @schema = OBJECT_SCHEMA_NAME(@object)'), 'after the name is resolved to its schema');
+    assert.ok(guard.index < register.search(/\b(INSERT|MERGE|UPDATE)\b/), 'before any write');
+  });
+});
+
 describe('mssql run: error fields of the machinery’s failures (item 7)', () => {
   it('clears error_line and error_procedure with 50010, 50011 and 50015', async () => {
     const claim = withoutComments(await procedure('usp_AsyncExecActivated'));

@@ -1064,6 +1064,9 @@ describe('running calls', () => {
         return true;
       });
     for (const name of ['', '   ', "demo.add'); drop table demo.ledger; --", 'pg_catalog.count(*)']) await refused(name);
+    // the service's own routines are not procedures to run (by name, by signature, in SQL)
+    await assert.rejects(engine.registerProcedure('asyncproc.purge'), (e: any) => e.code === 'BAD_USER_INPUT' && /service's own routines/.test(e.message));
+    await assert.rejects(sql.query(`select asyncproc.register('asyncproc.recover')`), (e: any) => e.code === 'AP004');
     // looked up, and nothing of that name or signature (each named in the message)
     for (const name of ['a.b.c.d', 'demo.add(no_such_type)', 'demo.add(integer']) await refused(name, {}, ['BAD_USER_INPUT', 'UNKNOWN_PROCEDURE']);
     for (const options of [{ maxAttempts: 0 }, { maxAttempts: 101 }, { maxAttempts: 1.5 }, { timeoutMs: 0 }, { timeoutMs: -1 }, { timeoutMs: 2 ** 31 }]) await refused('demo.add', options);

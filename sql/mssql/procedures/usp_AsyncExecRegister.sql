@@ -9,7 +9,8 @@
 -- permission ALTER ANY CONNECTION that the activation's EXECUTE AS OWNER context (scoped to the
 -- database) never has (docs/mssql.md, "Timeouts"). A timeout we cannot enforce is not offered.
 -- Errors: 50001 no such procedure, 50002 unsupported parameter types or bad optional list,
---         50003 unknown queue, 50005 bad maxAttempts, a timeout, or bad roles.
+--         50003 unknown queue, 50005 bad maxAttempts, a timeout, bad roles, or one of the
+--         service's own procedures (schema asyncexec).
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecRegister
     @procedure          nvarchar(261),
     @queue              nvarchar(100) = N'default',
@@ -41,6 +42,14 @@ BEGIN
     END;
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
     SET @registered = @schema + N'.' + @name;
+
+    -- the service's own procedures (schema asyncexec: invoke, run, purge, …) are its machinery,
+    -- not procedures to run as calls
+    IF @schema = N'asyncexec'
+    BEGIN
+        SET @message = CONCAT(N'"', @registered, N'" is one of the service''s own procedures (schema asyncexec), not a procedure to run as a call');
+        THROW 50005, @message, 1;
+    END;
 
     IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100
     BEGIN

@@ -7,11 +7,20 @@
 drop function if exists asyncproc.register(regprocedure, text, integer, integer);
 drop function if exists asyncproc.register(text, text, integer, integer, text[]);
 drop function if exists asyncproc.register(regprocedure, text, integer, integer, text[]);
+-- The service's own routines (schema asyncproc: submit, claim, purge, …) are its machinery, not
+-- procedures to run as calls: registering one is refused (AP004), whoever asks.
 create or replace function asyncproc.register(
   routine regprocedure, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null,
   roles text[] default '{}', transactional boolean default true
 ) returns text
-language sql as $$
+language plpgsql as $$
+declare
+  registered text;
+begin
+  if (select n.nspname from pg_proc p join pg_namespace n on n.oid = p.pronamespace where p.oid = routine) = 'asyncproc' then
+    raise exception '% is one of the service''s own routines (schema asyncproc), not a procedure to run as a call', routine::text
+      using errcode = 'AP004';
+  end if;
   insert into asyncproc.procedures (name, proc, signature, queue, max_attempts, timeout_ms, roles, transactional)
   select n.nspname || '.' || p.proname, routine, asyncproc.signature(routine), register.queue, register.max_attempts,
          register.timeout_ms, coalesce(register.roles, '{}'), coalesce(register.transactional, true)
@@ -21,7 +30,9 @@ language sql as $$
      set proc = excluded.proc, signature = excluded.signature, queue = excluded.queue,
          max_attempts = excluded.max_attempts, timeout_ms = excluded.timeout_ms, roles = excluded.roles,
          transactional = excluded.transactional, unregistered_at = null
-  returning name
+  returning name into registered;
+  return registered;
+end
 $$;
 
 -- The same by name: a signature or a bare name, as asyncproc.resolve_routine reads it
