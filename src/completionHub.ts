@@ -317,7 +317,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     // it); an engine's refusal (EngineError: a malformed token, say) and a permanent error are final
     let found: { row: Execution | null } | null;
     try {
-      found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), this.final);
+      found = await this.firstRead(() => this.engine.getExecution(token), wanted);
     } catch (error) {
       unwatch();
       throw error;
@@ -350,7 +350,7 @@ export class CompletionHub implements ListenerSink, Closeable {
    */
   async progress(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
     // waits for the database as `completed` does
-    const found = await this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => !wanted(), this.final);
+    const found = await this.firstRead(() => this.engine.getExecution(token), wanted);
     if (!found) return endedStream<Execution>();
     const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
@@ -405,14 +405,14 @@ export class CompletionHub implements ListenerSink, Closeable {
    */
   async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Batch>> {
     // waits for the database as `completed` does
-    const found = await this.untilRead(async () => ({ row: await this.engine.getBatch(id) }), () => !wanted(), this.final);
+    const found = await this.firstRead(() => this.engine.getBatch(id), wanted);
     if (!found) return endedStream<Batch>();
     const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
-    const executions = await this.untilRead(() => this.engine.getBatchExecutions(id), () => !wanted(), this.final);
+    const executions = await this.firstRead(() => this.engine.getBatchExecutions(id), wanted);
     if (!executions) return endedStream<Batch>();
     return this.once({
-      executionIds: executions.map((execution) => execution.id),
+      executionIds: executions.row.map((execution) => execution.id),
       first,
       read: () => this.engine.getBatch(id),
       ended: (batch) => batch.status !== 'RUNNING',
@@ -617,6 +617,11 @@ export class CompletionHub implements ListenerSink, Closeable {
    * the subscriber is told (an unexpected error, logged) rather than kept waiting in silence.
    */
   private readonly final = (error: unknown): boolean => error instanceof EngineError || !this.engine.isTransient(error);
+
+  /** A subscriber's first read (untilRead, `final`), its value wrapped (`row` may be null); null: the subscriber left or the hub closed. */
+  private firstRead<T>(read: () => Promise<T>, wanted: () => boolean): Promise<{ row: T } | null> {
+    return this.untilRead(async () => ({ row: await read() }), () => !wanted(), this.final);
+  }
 
   /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left), unless `final` says an error is for good. */
   private async untilRead<T>(read: () => Promise<T>, stopped: () => boolean, final: (error: unknown) => boolean = () => false): Promise<T | null> {

@@ -1,9 +1,8 @@
 import type { Engine } from '../engine.js';
 import type { Logger } from '../logger.js';
 import { hashApiKey, isApiKeySecret } from './apiKeys.js';
-import { JwtVerifier, TokenError, type JwtSettings } from './jwt.js';
+import { JwtVerifier, TokenError, usableSubject, type JwtSettings } from './jwt.js';
 import { anonymous, type Principal } from './principal.js';
-import { textProblem } from '../schema/input.js';
 
 export interface AuthSettings {
   /** none: anonymous access, `x-asyncproc-user` honoured (development). required: JWT or API key on every operation. */
@@ -14,14 +13,10 @@ export interface AuthSettings {
 /** The header a caller may use to say who it is, honoured only when auth is off. */
 export const USER_HEADER = 'x-asyncproc-user';
 
-/**
- * The x-asyncproc-user a caller names itself by when auth is off (development): at most 256
- * characters of text a database stores as it is (no control character, no lone surrogate,
- * which would come back as U+FFFD: the caller would not own its own calls); else refused.
- */
+/** The x-asyncproc-user a caller names itself by when auth is off (development), if usable (usableSubject); else refused. */
 function developmentUser(user: string | null | undefined): string | null {
   if (typeof user !== 'string' || user === '') return null;
-  if (user.length > 256 || /[\u0000-\u001f]/.test(user) || textProblem(user)) {
+  if (!usableSubject(user)) {
     throw new AuthenticationError('invalid', `${USER_HEADER} must be at most 256 characters of text (no control characters)`);
   }
   return user;

@@ -3,6 +3,15 @@ import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload, type JWTVerifyG
 import { ROLE_NAME } from '../engine.js';
 import { textProblem } from '../schema/input.js';
 
+/**
+ * Whether a caller's identity (a JWT's `sub`, the development-mode x-asyncproc-user) can be
+ * recorded as `submittedBy` as it is: 1–256 characters, no control character, no lone
+ * surrogate (stored as U+FFFD, the caller would no longer own its own calls).
+ */
+export function usableSubject(subject: unknown): subject is string {
+  return typeof subject === 'string' && subject !== '' && subject.length <= 256 && !/[\u0000-\u001f]/.test(subject) && !textProblem(subject);
+}
+
 export interface JwtSettings {
   /** HS256/384/512 shared secret. */
   secret?: string;
@@ -76,8 +85,7 @@ export class JwtVerifier {
     } catch (error) {
       throw toTokenError(error);
     }
-    // a lone surrogate would be stored as U+FFFD, and the caller would then not own its own calls
-    if (typeof payload.sub !== 'string' || payload.sub === '' || payload.sub.length > 256 || /[\u0000-\u001f]/.test(payload.sub) || textProblem(payload.sub)) {
+    if (!usableSubject(payload.sub)) {
       throw new TokenError('the token has no usable "sub" claim (the caller\'s identity)');
     }
     return {

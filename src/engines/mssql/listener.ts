@@ -410,7 +410,8 @@ export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries, 
   if (leftOpen?.due() && steps.sweepLeftOpen) {
     try {
       const swept = await steps.sweepLeftOpen(leftOpen.toEnd(retries));
-      leftOpen.swept(swept.found.filter((handle) => !retries.handles(handle)));
+      // what a retry handles is left out when the next sweep ends them (toEnd)
+      leftOpen.swept(swept.found);
       if (swept.visible === false && !leftOpen.blindLogged) {
         leftOpen.blindLogged = true;
         steps.logger.warn(
