@@ -66,6 +66,27 @@ async function invokeSql(calls: [string, Record<string, unknown>][]): Promise<st
   return tokens;
 }
 
+/**
+ * The service on a database of its own, whose connections can be refused for a while
+ * (`reach(false)`: ALLOW_CONNECTIONS false, and every session of it ended) and admitted again.
+ */
+async function serviceOnOwnDatabase() {
+  const dbUrl = await cluster.createDatabase();
+  const dbName = new URL(dbUrl).pathname.slice(1);
+  const admin = await cluster.connect(cluster.server.url);
+  const app = await startTestApp(dbUrl);
+  const reach = async (open: boolean) => {
+    await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections ${open}`);
+    if (!open) await admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [dbName]);
+  };
+  const close = async () => {
+    await reach(true).catch(() => undefined);
+    await admin.end();
+    await app.stop();
+  };
+  return { app, reach, close };
+}
+
 const allFinished = (tokens: string[], timeoutMs = 30_000) =>
   waitFor(
     async () => {
@@ -387,18 +408,14 @@ describe('faults', () => {
 
   it('subscribers who leave while the database is out of reach leave nothing waiting behind them (graphql-ws complete, socket close, SSE)', async () => {
     // a database of its own: its connections are refused for a while
-    const dbUrl = await cluster.createDatabase();
-    const dbName = new URL(dbUrl).pathname.slice(1);
-    const admin = await cluster.connect(cluster.server.url);
-    const app = await startTestApp(dbUrl);
+    const { app, reach, close } = await serviceOnOwnDatabase();
     const hub = app.app.hub!;
     try {
       const invoke = async () =>
         (await app.gql(`mutation { invoke(input: { procedure: "demo.noop", runAt: "${new Date(Date.now() + 3_600_000).toISOString()}" }) { execution { token } } }`)).body.data.invoke
           .execution.token as string;
       const [leaving, closing, sse, staying] = [await invoke(), await invoke(), await invoke(), await invoke()];
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections false`);
-      await admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [dbName]);
+      await reach(false);
       const query = `subscription($t: ID!) { executionCompleted(token: $t) { token status } }`;
       const heard: unknown[] = [];
       const sink = { next: (value: unknown) => heard.push(value), error: (error: unknown) => heard.push(error), complete: () => undefined };
@@ -415,24 +432,19 @@ describe('faults', () => {
       sseUnsubscribe(); // the request is aborted
       // the database is still out of reach: only the one who stays is still waited for
       await waitFor(async () => hub.size === 1, 15_000, 'the three who left no longer waited for');
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`);
+      await reach(true);
       const cancelled = await app.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: staying });
       assert.equal(cancelled.body.errors, undefined, JSON.stringify(cancelled.body.errors));
       assert.deepEqual((await stayed).map((r) => r.data), [{ executionCompleted: { token: staying, status: 'CANCELLED' } }], 'the one who stayed still hears its end');
       assert.deepEqual(heard, [], 'those who left heard nothing, not even an error');
       assert.equal(hub.size, 0);
     } finally {
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`).catch(() => undefined);
-      await admin.end();
-      await app.stop();
+      await close();
     }
   });
 
   it("subscribers of a batch's end and of a call's progress also wait for a database out of reach, and hear the end once it is back", async () => {
-    const dbUrl = await cluster.createDatabase();
-    const dbName = new URL(dbUrl).pathname.slice(1);
-    const admin = await cluster.connect(cluster.server.url);
-    const app = await startTestApp(dbUrl);
+    const { app, reach, close } = await serviceOnOwnDatabase();
     try {
       // due in an hour: nothing ends them but the cancels below
       const runAt = new Date(Date.now() + 3_600_000).toISOString();
@@ -440,8 +452,7 @@ describe('faults', () => {
       const batchId = submitted.body.data.submitBatch.batch.id as string;
       const invoked = await app.gql(`mutation($r: DateTime!) { invoke(input: { procedure: "demo.noop", runAt: $r }) { execution { token } } }`, { r: runAt });
       const token = invoked.body.data.invoke.execution.token as string;
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections false`);
-      await admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [dbName]);
+      await reach(false);
 
       const heard: { batch: unknown[]; progress: unknown[] } = { batch: [], progress: [] };
       const done = { batch: false, progress: false };
@@ -458,7 +469,7 @@ describe('faults', () => {
       assert.deepEqual(heard, { batch: [], progress: [] }, 'while the database is out of reach, they wait: no error, no event');
       assert.deepEqual(done, { batch: false, progress: false });
 
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`);
+      await reach(true);
       // their first reads succeed on a later try, and their watches begin: the batch's (one call), and
       // the progress stream's two (its reports, and its call's end)
       await waitFor(async () => app.app.hub!.size === 3, 15_000, 'both subscriptions watching once the database is back');
@@ -472,9 +483,7 @@ describe('faults', () => {
       assert.deepEqual(heard.progress, [], 'no progress was reported; the stream ends with the call, without an error');
       await client.dispose();
     } finally {
-      await admin.query(`alter database ${admin.escapeIdentifier(dbName)} allow_connections true`).catch(() => undefined);
-      await admin.end();
-      await app.stop();
+      await close();
     }
   });
 
