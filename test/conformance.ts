@@ -1045,9 +1045,9 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.equal(await queuedMessages(lostHandle), 0);
         assert.equal(await stateOf(lostHandle), 'DI', 'left open by the lost end');
 
-        const sweep = async (handles: string[]) => {
+        const sweep = async (handles: string[], budgetMs?: number) => {
           // every endpoint left open (a database the suite ran in before may hold more than a sweep takes)
-          const result = await pool.request().input('handles', mssql.NVarChar(mssql.MAX), JSON.stringify(handles)).batch(leftOpenBatch(1_000_000));
+          const result = await pool.request().input('handles', mssql.NVarChar(mssql.MAX), JSON.stringify(handles)).batch(leftOpenBatch(1_000_000, budgetMs));
           const sets = result.recordsets as unknown as [{ handle: string }[], { tried: number; visible: boolean }[], { handle: string }[]];
           assert.equal(sets[1][0].visible, true, 'the notification service is visible to the login');
           return { failures: sets[0], tried: sets[1][0].tried, found: sets[2].map((r) => r.handle) };
@@ -1056,6 +1056,11 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.deepEqual([first.tried, first.failures], [0, []], 'a first sweep only looks');
         assert.ok(first.found.includes(lostHandle), 'the dialog left open is found');
         assert.ok(!first.found.includes(queuedHandle), 'a dialog with a message still queued is not');
+        // a sweep whose time is up begins no END: the dialog stays left open, and is found again
+        const outOfTime = await sweep([lostHandle], 0);
+        assert.deepEqual([outOfTime.tried, outOfTime.failures], [0, []], 'no END past the budget');
+        assert.equal(await stateOf(lostHandle), 'DI');
+        assert.ok(outOfTime.found.includes(lostHandle), 'found again, for the next sweep');
         const second = await sweep([lostHandle, queuedHandle]);
         assert.deepEqual(second.failures, []);
         assert.equal(second.tried, 1, 'only the one left open with nothing queued is ended');

@@ -12,6 +12,7 @@ import { readCommittedSnapshotProblem } from '../src/engines/mssql/checks.js';
 import {
   EndRetries,
   leftOpenBatch,
+  LEFT_OPEN_BUDGET_MS,
   LeftOpenSweep,
   MAX_END_ATTEMPTS,
   notifyCycle,
@@ -195,12 +196,26 @@ describe('mssql listener: dialogs whose end was lost', () => {
     assert.match(text, /CURSOR LOCAL STATIC FOR\s+SELECT conversation_handle FROM @ending;/);
     // result sets, in order: failures, ends tried, what is left open now (after the ends)
     const failures = text.indexOf('FROM @failed;');
-    const tried = text.search(/SELECT COUNT\(\*\) AS tried,\s+CAST\(CASE WHEN EXISTS \(SELECT 1 FROM sys\.services WHERE name = N'asyncexec\/NotifyService'\) THEN 1 ELSE 0 END AS bit\) AS visible\s+FROM @ending;/);
+    const tried = text.search(/SELECT @tried AS tried,\s+CAST\(CASE WHEN EXISTS \(SELECT 1 FROM sys\.services WHERE name = N'asyncexec\/NotifyService'\) THEN 1 ELSE 0 END AS bit\) AS visible;/);
     const found = text.search(/SELECT TOP \(1000\) LOWER\(CONVERT\(nvarchar\(36\), o\.conversation_handle\)\) AS handle FROM \(/);
     assert.ok(text.lastIndexOf('END CONVERSATION') < failures && failures < tried && tried < found, 'failures, count, then the findings');
     // an END waiting on a conversation group's lock fails after 2 s (1222, caught) rather than hold the loop
     assert.match(text, /^SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;/);
     assert.ok(text.indexOf('SET LOCK_TIMEOUT -1;') > text.lastIndexOf('END CONVERSATION'), 'and back to waiting as long as it takes after the ends');
+  });
+
+  it('begins no END past its time budget, and counts the ENDs it began, so that ENDs that all wait out their lock timeout end it well inside the request timeout', () => {
+    assert.match(text, /DECLARE @tried int = 0;\s+DECLARE @deadline datetime2 = DATEADD\(millisecond, 10000, SYSUTCDATETIME\(\)\);/);
+    assert.equal(LEFT_OPEN_BUDGET_MS, 10_000);
+    assert.match(code(leftOpenBatch(1000, 2500)), /DATEADD\(millisecond, 2500, SYSUTCDATETIME\(\)\)/);
+    // the deadline is tested before each END (the loop's condition), and each END begun is counted before its TRY
+    assert.match(text, /WHILE @@FETCH_STATUS = 0 AND SYSUTCDATETIME\(\) < @deadline\s+BEGIN\s+SET @tried \+= 1;\s+BEGIN TRY\s+END CONVERSATION @h;/);
+    // the worst sweep: the budget, then one more END waiting out its LOCK_TIMEOUT (2 s), against the
+    // notification loop's request timeout (its WAITFOR, 1 s by default, + 30 s)
+    const lockTimeoutMs = Number(/SET LOCK_TIMEOUT (\d+);/.exec(text)![1]);
+    assert.ok(LEFT_OPEN_BUDGET_MS + lockTimeoutMs < 1000 + 30_000, `${LEFT_OPEN_BUDGET_MS} + ${lockTimeoutMs} ms`);
+    // the receive batch's own ends have no budget: every dialog it took the end of is ended or reported
+    assert.doesNotMatch(code(receiveBatch(1000, 100)), /@deadline|@tried/);
   });
 
   const handle = (n: number) => `00000000-0000-0000-0000-${String(n).padStart(12, '0')}`;

@@ -42,13 +42,14 @@ const GIVEN_UP_KEPT = 10_000;
  * CATCH); each failure goes to @failed (handle, error number, message), declared by the caller
  * with @h.
  */
-function endEach(handles: string): string {
+function endEach(handles: string, budget?: { deadline: string; tried: string }): string {
+  // with a budget: no END begins past the deadline (a datetime2 variable), and each END begun is counted
   return `DECLARE ends CURSOR LOCAL STATIC FOR
     ${handles};
 OPEN ends;
 FETCH NEXT FROM ends INTO @h;
-WHILE @@FETCH_STATUS = 0
-BEGIN
+WHILE @@FETCH_STATUS = 0${budget ? ` AND SYSUTCDATETIME() < ${budget.deadline}` : ''}
+BEGIN${budget ? `\n    SET ${budget.tried} += 1;` : ''}
     BEGIN TRY
         END CONVERSATION @h;
     END TRY
@@ -226,28 +227,32 @@ const LEFT_OPEN = `SELECT ce.conversation_handle
  * failures reported as the receive batch reports them. An END waits for its conversation
  * group's lock (END CONVERSATION, Remarks); LOCK_TIMEOUT bounds that wait, so that a sweep
  * never holds the notification loop long: a timed-out END fails with 1222, is caught and
- * reported, and is retried as any failed end is. Result sets: the failures; how many were
- * tried, and whether the login sees the notification service at all (one that does not sees
+ * reported, and is retried as any failed end is; and no END begins once the sweep has spent
+ * `budgetMs` (LEFT_OPEN_BUDGET_MS), so that it ends well inside the request timeout however many
+ * ENDs wait. Result sets: the failures; how many ENDs were tried, and whether the login sees
+ * the notification service at all (one that does not sees
  * no endpoint, and the sweep would do nothing without a word); then at most `limit` endpoints
  * left open now, for the next sweep (those just ended are closed, 'CD', or gone, and not among
  * them).
  */
-export function leftOpenBatch(limit: number): string {
+export function leftOpenBatch(limit: number, budgetMs = LEFT_OPEN_BUDGET_MS): string {
   const top = Math.max(1, Math.trunc(limit));
+  const budget = Math.max(0, Math.trunc(budgetMs));
   return `SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;
 DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
 DECLARE @ending TABLE (conversation_handle uniqueidentifier PRIMARY KEY);
 DECLARE @h uniqueidentifier;
+DECLARE @tried int = 0;
+DECLARE @deadline datetime2 = DATEADD(millisecond, ${budget}, SYSUTCDATETIME());
 INSERT @ending (conversation_handle)
 SELECT o.conversation_handle
   FROM (${LEFT_OPEN}) AS o
  WHERE o.conversation_handle IN (SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) AS j);
-${endEach('SELECT conversation_handle FROM @ending')}
+${endEach('SELECT conversation_handle FROM @ending', { deadline: '@deadline', tried: '@tried' })}
 SET LOCK_TIMEOUT -1;
 SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;
-SELECT COUNT(*) AS tried,
-       CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.services WHERE name = N'asyncexec/NotifyService') THEN 1 ELSE 0 END AS bit) AS visible
-  FROM @ending;
+SELECT @tried AS tried,
+       CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.services WHERE name = N'asyncexec/NotifyService') THEN 1 ELSE 0 END AS bit) AS visible;
 SELECT TOP (${top}) LOWER(CONVERT(nvarchar(36), o.conversation_handle)) AS handle FROM (${LEFT_OPEN}) AS o;`;
 }
 
@@ -255,6 +260,13 @@ SELECT TOP (${top}) LOWER(CONVERT(nvarchar(36), o.conversation_handle)) AS handl
 export const LEFT_OPEN_SWEEP_MS = 300_000;
 /** Endpoints one sweep considers at most, the rest waiting for the next sweeps: each end is a commit of its own (a log flush). */
 export const LEFT_OPEN_LIMIT = 200;
+/**
+ * Time a sweep's ends may take: no END begins after it, so a sweep whose ENDs all wait out their
+ * LOCK_TIMEOUT (2 s each) ends within about 12 s, well inside the loop's request timeout (the
+ * WAITFOR's + 30 s; 200 such ENDs would take 400 s and be cancelled by the driver). What it did
+ * not reach is still left open, found again, and ended by a later sweep.
+ */
+export const LEFT_OPEN_BUDGET_MS = 10_000;
 
 /**
  * When the next sweep of dialogs left open is due, and what the last one found left open: the
