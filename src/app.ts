@@ -78,8 +78,17 @@ function edgeOptions(config: Config): Partial<ServerOptions> {
   };
 }
 
+/** Worker pools this process has started (serve and worker both count). */
+let pools = 0;
+
+/**
+ * A worker pool's name in executions' `worker`, log lines and `application_name`: host and
+ * pid, and from the second pool of one process on (an application embedding two instances,
+ * tests) a number, so that no two pools share a name.
+ */
 function workerId(): string {
-  return `${hostname()}:${process.pid}`;
+  const n = ++pools;
+  return `${hostname()}:${process.pid}${n > 1 ? `-${n}` : ''}`;
 }
 
 /** `serve`: GraphQL server, completion listener and (unless ASYNCPROC_ACTIVATOR=false) the worker pool. */

@@ -236,6 +236,20 @@ describe('log lines of one execution', () => {
     assert.equal(cancelled?.procedure, 'demo.add');
   });
 
+  it('name a worker pool of its own for each instance, also two instances in one process', async () => {
+    const second = await startTestApp(db.url);
+    try {
+      const pools = async () =>
+        (await db.sql.query<{ name: string }>(`select distinct application_name as name from pg_stat_activity where datname = current_database() and application_name like 'asyncproc activator %'`)).rows.map((r) => r.name);
+      await waitFor(async () => (await pools()).length === 2, 20_000, 'both instances listening for work');
+      const [a, b] = (await pools()).map((name) => name.replace('asyncproc activator ', ''));
+      assert.notEqual(a, b);
+      for (const name of [a, b]) assert.match(name, new RegExp(`^[^:]+:${process.pid}(-\\d+)?$`), name);
+    } finally {
+      await second.stop();
+    }
+  });
+
   it('carry its token and procedure when its worker was lost and it runs again', async () => {
     const token = await invoke({ procedure: 'demo.add', arguments: { a: 2, b: 3 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
     // a worker that claimed it and died: RUNNING, and nobody holds its lock
