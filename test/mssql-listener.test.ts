@@ -13,6 +13,8 @@ import {
   EndRetries,
   leftOpenBatch,
   LEFT_OPEN_BUDGET_MS,
+  REQUEST_MARGIN_MS,
+  RETRY_ENDS_LIMIT,
   LeftOpenSweep,
   MAX_END_ATTEMPTS,
   notifyCycle,
@@ -96,7 +98,10 @@ describe('mssql listener: the receive batch', () => {
 
   it('retries failed ends one by one, passing the handles as a parameter, skipping dialogs already gone', () => {
     const retry = code(retryEndsBatch());
-    assert.match(retry, /^SET NOCOUNT ON; SET XACT_ABORT OFF;/);
+    // an END waiting on its conversation group's lock fails after 2 s (1222, caught, counted), and the batch ends waiting as long as it takes again
+    assert.match(retry, /^SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;/);
+    assert.match(retry, /SET LOCK_TIMEOUT -1;$/);
+    assert.ok(RETRY_ENDS_LIMIT * 2000 < REQUEST_MARGIN_MS, 'a retry batch whose ENDs all time out ends inside the request timeout');
     assert.doesNotMatch(retry, /BEGIN TRANSACTION/);
     assert.match(retry, /OPENJSON\(@handles\)/);
     assert.match(retry, /sys\.conversation_endpoints[\s\S]*ce\.state <> 'CD'/);
@@ -169,6 +174,23 @@ describe('mssql listener: one notification cycle', () => {
     assert.equal(lines.filter((l) => l.level === 'warn').length, MAX_END_ATTEMPTS - 1);
   });
 
+  it(`retries at most ${RETRY_ENDS_LIMIT} failed ends a cycle, the rest on the next ones`, async () => {
+    const { logger } = capturingLogger();
+    const retries = new EndRetries();
+    const failures = Array.from({ length: 25 }, (_, i) => ({ handle: `h${i}`, error_number: 1222, error_message: 'Lock request time out period exceeded.' }));
+    let first = true;
+    const receive = async (): Promise<ReceiveResult> => {
+      const r = { received: first ? 25 : 0, failures: first ? failures : [] };
+      first = false;
+      return r;
+    };
+    const { s, calls } = steps({ logger, receive });
+    for (let i = 0; i < 3; i++) await notifyCycle(s, retries);
+    assert.deepEqual(calls.retried.map((h) => h.length), [10, 10, 5]);
+    assert.equal(new Set(calls.retried.flat()).size, 25, 'each once');
+    assert.equal(retries.size, 0);
+  });
+
   it('forgets an end that succeeds on retry', async () => {
     const { logger } = capturingLogger();
     const retries = new EndRetries();
@@ -208,12 +230,17 @@ describe('mssql listener: dialogs whose end was lost', () => {
     assert.match(text, /DECLARE @tried int = 0;\s+DECLARE @deadline datetime2 = DATEADD\(millisecond, 10000, SYSUTCDATETIME\(\)\);/);
     assert.equal(LEFT_OPEN_BUDGET_MS, 10_000);
     assert.match(code(leftOpenBatch(1000, 2500)), /DATEADD\(millisecond, 2500, SYSUTCDATETIME\(\)\)/);
+    // DATEADD takes an int
+    assert.match(code(leftOpenBatch(1000, Number.NaN)), /DATEADD\(millisecond, 0, /);
+    assert.match(code(leftOpenBatch(1000, 1e12)), /DATEADD\(millisecond, 2147483647, /);
     // the deadline is tested before each END (the loop's condition), and each END begun is counted before its TRY
     assert.match(text, /WHILE @@FETCH_STATUS = 0 AND SYSUTCDATETIME\(\) < @deadline\s+BEGIN\s+SET @tried \+= 1;\s+BEGIN TRY\s+END CONVERSATION @h;/);
-    // the worst sweep: the budget, then one more END waiting out its LOCK_TIMEOUT (2 s), against the
-    // notification loop's request timeout (its WAITFOR, 1 s by default, + 30 s)
+    // the worst sweep: the budget, the END then under way and the two reads after the ENDs each waiting out
+    // the LOCK_TIMEOUT (which stays set to the batch's end), against the notification loop's request
+    // timeout (its WAITFOR + REQUEST_MARGIN_MS)
     const lockTimeoutMs = Number(/SET LOCK_TIMEOUT (\d+);/.exec(text)![1]);
-    assert.ok(LEFT_OPEN_BUDGET_MS + lockTimeoutMs < 1000 + 30_000, `${LEFT_OPEN_BUDGET_MS} + ${lockTimeoutMs} ms`);
+    assert.ok(LEFT_OPEN_BUDGET_MS + 3 * lockTimeoutMs < REQUEST_MARGIN_MS, `${LEFT_OPEN_BUDGET_MS} + 3 × ${lockTimeoutMs} ms`);
+    assert.match(text, /SET LOCK_TIMEOUT -1;$/, 'back to waiting as long as it takes, at the very end');
     // the receive batch's own ends have no budget: every dialog it took the end of is ended or reported
     assert.doesNotMatch(code(receiveBatch(1000, 100)), /@deadline|@tried/);
   });

@@ -33,6 +33,13 @@ const ERROR = 'http://schemas.microsoft.com/SQL/ServiceBroker/Error';
 
 /** Ends of one dialog tried and failed this many times are given up (logged, never retried). */
 export const MAX_END_ATTEMPTS = 5;
+/**
+ * What the notification loop's requests may take beyond their WAITFOR before the driver cancels
+ * them (its request timeout: the WAITFOR's + this).
+ */
+export const REQUEST_MARGIN_MS = 30_000;
+/** Failed ends one cycle retries at most (retryEndsBatch): each may wait out a 2 s lock timeout. */
+export const RETRY_ENDS_LIMIT = 10;
 /** Given-up handles remembered (a process restart forgets them: its sweeps try them once more, MAX_END_ATTEMPTS times at most). */
 const GIVEN_UP_KEPT = 10_000;
 
@@ -184,13 +191,17 @@ SELECT @total AS received;`;
  * it counts as done. Returns the ones that failed again, with the error.
  */
 export function retryEndsBatch(): string {
-  return `SET NOCOUNT ON; SET XACT_ABORT OFF;
+  // LOCK_TIMEOUT: an END waits at most 2 s for its conversation group's lock (1222, caught,
+  // counted as a failure), and a batch tries at most RETRY_ENDS_LIMIT of them, so it ends well
+  // inside the request timeout; then back to waiting as long as it takes
+  return `SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;
 DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
 DECLARE @h uniqueidentifier;
 ${endEach(`SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) AS j
      WHERE EXISTS (SELECT 1 FROM sys.conversation_endpoints AS ce
                     WHERE ce.conversation_handle = CONVERT(uniqueidentifier, j.[value]) AND ce.state <> 'CD')`)}
-SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;`;
+SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;
+SET LOCK_TIMEOUT -1;`;
 }
 
 /**
@@ -237,7 +248,8 @@ const LEFT_OPEN = `SELECT ce.conversation_handle
  */
 export function leftOpenBatch(limit: number, budgetMs = LEFT_OPEN_BUDGET_MS): string {
   const top = Math.max(1, Math.trunc(limit));
-  const budget = Math.max(0, Math.trunc(budgetMs));
+  // DATEADD takes an int
+  const budget = Math.min(2_147_483_647, Math.max(0, Math.trunc(budgetMs) || 0));
   return `SET NOCOUNT ON; SET XACT_ABORT OFF; SET LOCK_TIMEOUT 2000;
 DECLARE @failed TABLE (conversation_handle uniqueidentifier, error_number int, error_message nvarchar(4000));
 DECLARE @ending TABLE (conversation_handle uniqueidentifier PRIMARY KEY);
@@ -249,11 +261,11 @@ SELECT o.conversation_handle
   FROM (${LEFT_OPEN}) AS o
  WHERE o.conversation_handle IN (SELECT CONVERT(uniqueidentifier, j.[value]) FROM OPENJSON(@handles) AS j);
 ${endEach('SELECT conversation_handle FROM @ending', { deadline: '@deadline', tried: '@tried' })}
-SET LOCK_TIMEOUT -1;
 SELECT LOWER(CONVERT(nvarchar(36), conversation_handle)) AS handle, error_number, error_message FROM @failed;
 SELECT @tried AS tried,
        CAST(CASE WHEN EXISTS (SELECT 1 FROM sys.services WHERE name = N'asyncexec/NotifyService') THEN 1 ELSE 0 END AS bit) AS visible;
-SELECT TOP (${top}) LOWER(CONVERT(nvarchar(36), o.conversation_handle)) AS handle FROM (${LEFT_OPEN}) AS o;`;
+SELECT TOP (${top}) LOWER(CONVERT(nvarchar(36), o.conversation_handle)) AS handle FROM (${LEFT_OPEN}) AS o;
+SET LOCK_TIMEOUT -1;`;
 }
 
 /** How often the listener looks for dialogs left open (leftOpenBatch). */
@@ -262,9 +274,10 @@ export const LEFT_OPEN_SWEEP_MS = 300_000;
 export const LEFT_OPEN_LIMIT = 200;
 /**
  * Time a sweep's ends may take: no END begins after it, so a sweep whose ENDs all wait out their
- * LOCK_TIMEOUT (2 s each) ends within about 12 s, well inside the loop's request timeout (the
- * WAITFOR's + 30 s; 200 such ENDs would take 400 s and be cancelled by the driver). What it did
- * not reach is still left open, found again, and ended by a later sweep.
+ * LOCK_TIMEOUT (2 s each) ends after the budget, the END then under way and its last reads (each
+ * lock request of which may wait 2 s too), well inside the loop's request timeout (the WAITFOR's
+ * + REQUEST_MARGIN_MS; 200 such ENDs would take 400 s and be cancelled by the driver). What it
+ * did not reach is still left open, found again, and ended by a later sweep.
  */
 export const LEFT_OPEN_BUDGET_MS = 10_000;
 
@@ -409,7 +422,7 @@ export async function notifyCycle(steps: NotifyCycleSteps, retries: EndRetries, 
     await steps.wake().catch((error: unknown) => steps.logger.warn({ err: toError(error) }, 'could not wake the other instances; they hear of this batch from their poll'));
   }
   count(result.failures, retries, steps.logger);
-  const tried = retries.pending();
+  const tried = retries.pending(RETRY_ENDS_LIMIT);
   if (tried.length) {
     try {
       const again = await steps.retryEnds(tried);
@@ -584,7 +597,7 @@ export class MssqlListener implements Closeable {
       'listener',
       options.config,
       // longer than the WAITFOR, so the driver never cancels a RECEIVE that is only waiting
-      this.waitMs + 30_000,
+      this.waitMs + REQUEST_MARGIN_MS,
       options.logger,
       maxBackoff,
       (request) => this.notifyCycle(request).then(() => undefined),
@@ -595,7 +608,7 @@ export class MssqlListener implements Closeable {
       this.wakes = new ConnectionLoop(
         'listener wake-up queue',
         options.config,
-        this.wakeWaitMs + 30_000,
+        this.wakeWaitMs + REQUEST_MARGIN_MS,
         options.logger,
         maxBackoff,
         (request) => this.wakeCycle(request),
