@@ -12,16 +12,14 @@ create or replace function asyncproc.abandon(
 -- lock_timeout = 0: the service's own lock waits, as in finish()
 language plpgsql set lock_timeout = 0 as $$
 declare
-  key  record;
   call record;
   held record;
 begin
-  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
   -- Ours only while no other session holds its lock and it still records this session: an
   -- error after run() released it (a late cancel, a deadlock in the claim of the next call)
   -- lets recover and another worker start it, and that run's state is not ours to change.
   -- The transaction-level lock keeps recover off it until this outcome is committed.
-  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+  if pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     select e.cancel_requested, e.recoveries, e.queue, e.batch_id into call
       from asyncproc.executions e
      where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid()

@@ -21,14 +21,22 @@ create or replace function asyncproc.claim(
 language plpgsql set lock_timeout = 0 as $$
 declare
   ready_id bigint;
+  started  record;
 begin
   loop
     ready_id := asyncproc.take_ready(queue_name, after_id);
     exit when ready_id is null;
-    select s.id, s.seq, s.timeout_ms, s.transactional, s.token, s.procedure
-      into claim.id, claim.seq, claim.timeout_ms, claim.transactional, claim.token, claim.procedure
-      from asyncproc.start(ready_id, worker) s;
-    exit when claim.id is not null;
+    -- an assignment, not a query: evaluated as a simple expression (no executor)
+    started := asyncproc.start(ready_id, worker);
+    if started.id is not null then
+      claim.id := started.id;
+      claim.seq := started.seq;
+      claim.timeout_ms := started.timeout_ms;
+      claim.transactional := started.transactional;
+      claim.token := started.token;
+      claim.procedure := started.procedure;
+      exit;
+    end if;
   end loop;
   if claim.id is not null and look_ahead then
     more := exists (select from asyncproc.ready x where x.queue = queue_name and x.id > claim.id);

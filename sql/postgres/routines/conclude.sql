@@ -16,13 +16,11 @@ create or replace function asyncproc.conclude(
 -- lock_timeout = 0: the service's own lock waits, as in finish()
 language plpgsql set lock_timeout = 0 as $$
 declare
-  key  record;
   call record;
 begin
-  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
   -- at transaction level too, so recover cannot take the call between the unlock below and
   -- the commit of its outcome (see run())
-  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+  if pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     select e.cancel_requested, e.batch_id into call
       from asyncproc.executions e
      where e.id = execution_id and (e.status = 'RUNNING') is true and e.backend_pid = pg_backend_pid()
@@ -46,7 +44,7 @@ begin
                                 asyncproc.output_parameters(output_names, output_types, output_values))) end,
                               err_number, err_message, nullif(err_detail, ''), nullif(err_context, '')) f;
     end if;
-    perform pg_advisory_unlock(key.key1, key.key2);
+    perform pg_advisory_unlock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id));
   end if;
 
   if next_queue is not null then

@@ -10,11 +10,9 @@ create or replace function asyncproc.prepare_call(
 returns setof record
 language plpgsql as $$
 declare
-  key  record;
   call record;
 begin
-  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
-  if not pg_try_advisory_xact_lock(key.key1, key.key2) then
+  if not pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     return;
   end if;
   select e.arguments, r.proc, e.cancel_requested into call

@@ -10,17 +10,15 @@ language plpgsql as $$
 #variable_conflict use_column
 declare
   candidate record;
-  key       record;
   lost      record;
   new_seq   bigint;
   new_stat  text;
 begin
   for candidate in select e.id from asyncproc.executions e where e.status = 'RUNNING' order by e.id loop
-    select k.key1, k.key2 into key from asyncproc.lock_key(candidate.id) k;
     -- A worker holds the call's lock from before its claim commits until after its outcome
     -- commits, so getting it proves no live session runs the call. Transaction-level: an
     -- error here cannot leave it held on a pooled connection.
-    continue when not pg_try_advisory_xact_lock(key.key1, key.key2);
+    continue when not pg_try_advisory_xact_lock(asyncproc.lock_key1(candidate.id), asyncproc.lock_key2(candidate.id));
     -- re-read under the row lock: the outcome may have committed since the loop's snapshot
     select e.id, e.token, e.procedure, e.queue, e.recoveries, e.cancel_requested, e.transactional, e.batch_id into lost
       from asyncproc.executions e

@@ -13,16 +13,16 @@ create or replace function asyncproc.run(
 )
 language plpgsql as $$
 declare
-  key          record;
   call         record;
+  ended        record;
+  claimed      record;
 begin
-  select k.key1, k.key2 into key from asyncproc.lock_key(execution_id) k;
   -- The call's lock at transaction level as well as the claim's session level: it then
   -- outlives the session-level unlock below until this transaction's outcome is committed
   -- (recover must never find the call RUNNING and unlocked while its outcome is on its way),
   -- and a procedure calling pg_advisory_unlock_all() cannot drop it. Not granted: another
   -- session runs the call (this one lost its lock), so this one must not touch it.
-  if pg_try_advisory_xact_lock(key.key1, key.key2) then
+  if pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     -- by its key: `(status = 'RUNNING') is true` is not a condition the planner proves the partial
     -- index executions_active from, so it cannot prefer a walk of every RUNNING entry (each call's
     -- RUNNING version stays in that index until vacuumed: the walk grows with the drain)
@@ -41,20 +41,26 @@ begin
     end if;
 
     if found then
-      select r.done_seq, r.done_status into run.done_seq, run.done_status
-        from asyncproc.run_call(execution_id, call.proc, call.arguments, row_cap) r;
+      -- an assignment, not a query: the call is evaluated as a simple expression (no executor)
+      ended := asyncproc.run_call(execution_id, call.proc, call.arguments, row_cap);
+      run.done_seq := ended.done_seq;
+      run.done_status := ended.done_status;
       if with_row then
         -- this transaction's own write: what its commit will make of the row
         select to_jsonb(e) into run.done_row from asyncproc.executions e where e.id = execution_id;
       end if;
     end if;
-    perform pg_advisory_unlock(key.key1, key.key2);
+    perform pg_advisory_unlock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id));
   end if;
 
   if next_queue is not null then
-    select c.id, c.seq, c.timeout_ms, c.transactional, c.token, c.procedure
-      into run.next_id, run.next_seq, run.next_timeout_ms, run.next_transactional, run.next_token, run.next_procedure
-      from asyncproc.claim(next_queue, worker) c;
+    claimed := asyncproc.claim(next_queue, worker);
+    run.next_id := claimed.id;
+    run.next_seq := claimed.seq;
+    run.next_timeout_ms := claimed.timeout_ms;
+    run.next_transactional := claimed.transactional;
+    run.next_token := claimed.token;
+    run.next_procedure := claimed.procedure;
   end if;
 end
 $$;

@@ -17,6 +17,7 @@ declare
   v_message text;
   v_detail  text;
   v_context text;
+  ended     record;
 begin
   begin
     outcome := asyncproc.call_routine(routine, arguments, row_cap);
@@ -25,8 +26,10 @@ begin
     get stacked diagnostics v_state = returned_sqlstate, v_message = message_text,
                             v_detail = pg_exception_detail, v_context = pg_exception_context;
   end;
-  select f.done_seq, f.done_status into run_call.done_seq, run_call.done_status
-    from asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
-                          v_state, v_message, nullif(v_detail, ''), nullif(v_context, ''), member_started, member_worker) f;
+  -- an assignment, not a query: evaluated as a simple expression (no executor)
+  ended := asyncproc.finish(execution_id, succeeded, case when succeeded then outcome end,
+                            v_state, v_message, nullif(v_detail, ''), nullif(v_context, ''), member_started, member_worker);
+  run_call.done_seq := ended.done_seq;
+  run_call.done_status := ended.done_status;
 end
 $$;

@@ -36,7 +36,7 @@ declare
   past      bigint := execution_id;   -- takes start past the group's last call (see claim())
   ended     record;
 begin
-  select r.done_seq, r.done_status into ended from asyncproc.run(execution_id, worker, null, row_cap) r;
+  ended := asyncproc.run(execution_id, worker, null, row_cap);
   if ended.done_seq is not null then
     return query select execution_id, ended.done_seq, ended.done_status, null::uuid, null::text, null::integer, null::boolean;
   end if;
@@ -64,16 +64,14 @@ begin
     if ran >= max_count or clock_timestamp() >= deadline or not member.transactional or member.timeout_ms <> 0
        or member.batch_id is not null then
       -- it runs alone: claimed as claim() claims, committed RUNNING with the group
-      select s.id, s.seq, s.timeout_ms, s.transactional, s.token, s.procedure into claimed
-        from asyncproc.start(taken, worker) s;
+      claimed := asyncproc.start(taken, worker);
       return query select claimed.id, claimed.seq, 'RUNNING'::text, claimed.token, claimed.procedure,
                           claimed.timeout_ms, claimed.transactional;
       exit;
     end if;
     -- its progress reports name it (progress.sql), until the group's transaction ends
     perform set_config('asyncproc.execution', taken::text, true);
-    select r.done_seq, r.done_status into ended
-      from asyncproc.run_call(taken, member.proc, member.arguments, row_cap, clock_timestamp(), worker) r;
+    ended := asyncproc.run_call(taken, member.proc, member.arguments, row_cap, clock_timestamp(), worker);
     ran := ran + 1;
     return query select taken, ended.done_seq, ended.done_status, member.token, member.procedure, null::integer, null::boolean;
   end loop;

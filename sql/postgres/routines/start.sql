@@ -20,7 +20,7 @@ begin
        into start.id, start.seq, start.timeout_ms, start.transactional, start.token, start.procedure;
   if start.id is not null then
     -- taken before the commit that makes the call RUNNING: recover never sees it RUNNING and unlocked
-    perform pg_advisory_lock(k.key1, k.key2) from asyncproc.lock_key(start.id) k;
+    perform pg_advisory_lock(asyncproc.lock_key1(start.id), asyncproc.lock_key2(start.id));
   end if;
 end
 $$;
