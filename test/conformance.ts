@@ -18,6 +18,7 @@ import {
 import { CompletionHub } from '../src/completionHub.js';
 import type { MssqlEngine } from '../src/engines/mssql/index.js';
 import { leftOpenBatch } from '../src/engines/mssql/listener.js';
+import { databaseProbe, databaseProblems, type DatabaseProbe } from '../src/engines/mssql/checks.js';
 import { canReadOtherSessions } from '../src/engines/mssql/progress.js';
 import mssql from 'mssql';
 import { silentLogger } from '../src/logger.js';
@@ -1070,6 +1071,32 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.ok((await queuedMessages(queuedHandle)) > 0, 'and keeps its messages');
         // the listener's way: take its messages, then end it
         await pool.request().input('h', queuedHandle).query('RECEIVE conversation_handle FROM asyncexec.AsyncExecNotifyQueue WHERE conversation_handle = @h; END CONVERSATION @h;');
+      });
+
+      it('SQL Server: a maintenance procedure called from a session with IMPLICIT_TRANSACTIONS ON commits its own work and leaves no transaction open', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('IMPLICIT_TRANSACTIONS is SQL Server only');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        // one batch, one session (pyodbc's and JDBC's autoCommit=false default): the procedure's
+        // BEGIN/COMMIT would otherwise only nest in the implicit transaction its first SELECT opens
+        const result = await pool.request().batch<{ open: number }>(
+          `SET IMPLICIT_TRANSACTIONS ON;
+           EXEC asyncexec.usp_AsyncExecRecover @limit = 10;
+           SELECT @@TRANCOUNT AS [open];
+           SET IMPLICIT_TRANSACTIONS OFF;
+           WHILE @@TRANCOUNT > 0 ROLLBACK;`,
+        );
+        const sets = result.recordsets as unknown as { open: number }[][];
+        assert.equal(sets.at(-1)![0].open, 0);
+      });
+
+      it('SQL Server: the start-up checks read the database in one batch and find nothing wrong with the test database', async (t) => {
+        if (engine.kind !== 'mssql') return t.skip('SQL Server only');
+        const pool = (engine as unknown as MssqlEngine).pool;
+        const probe = (await pool.request().batch<DatabaseProbe>(databaseProbe(true))).recordset[0];
+        assert.ok(probe.compatibility_level >= 130, String(probe.compatibility_level));
+        assert.equal(probe.ranges_ok, true);
+        assert.equal(probe.impersonation_error, null, 'the suite runs as db_owner: dbo can be impersonated');
+        assert.deepEqual(databaseProblems(probe), []);
       });
 
       it("SQL Server: the listener ends the service's side of every call's dialog, many of them in one receive", async (t) => {

@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { describe, it } from 'node:test';
-import { readCommittedSnapshotProblem } from '../src/engines/mssql/checks.js';
+import { databaseProbe, databaseProblems, readCommittedSnapshotProblem, type DatabaseProbe } from '../src/engines/mssql/checks.js';
 import {
   EndRetries,
   leftOpenBatch,
@@ -408,5 +408,49 @@ describe('mssql checks: READ_COMMITTED_SNAPSHOT', () => {
     const problem = readCommittedSnapshotProblem({ name: 'odd]name', is_read_committed_snapshot_on: false });
     assert.match(problem!, /READ_COMMITTED_SNAPSHOT is off in database \[odd\]name\]/);
     assert.match(problem!, /ALTER DATABASE \[odd\]\]name\] SET READ_COMMITTED_SNAPSHOT ON WITH ROLLBACK IMMEDIATE;/);
+  });
+});
+
+describe('mssql checks: the database itself (compatibility level, collation, owner)', () => {
+  const fine: DatabaseProbe = { name: 'asyncproc', compatibility_level: 150, collation_name: 'SQL_Latin1_General_CP1_CI_AS', ranges_ok: true, impersonation_error: null, dbo_login: 'sa' };
+
+  it('accepts a database at level 130 or higher whose collation keeps [A-Za-z] and whose owner is a login', () => {
+    assert.deepEqual(databaseProblems(fine), []);
+    assert.deepEqual(databaseProblems({ ...fine, compatibility_level: 130 }), []);
+    assert.deepEqual(databaseProblems(undefined), []);
+  });
+
+  it('refuses a level below 130 (OPENJSON), naming the statement that raises it', () => {
+    const [problem, ...rest] = databaseProblems({ ...fine, name: 'odd]name', compatibility_level: 120 });
+    assert.equal(rest.length, 0);
+    assert.match(problem, /compatibility level 120; the service needs 130 or higher \(OPENJSON\)/);
+    assert.match(problem, /ALTER DATABASE \[odd\]\]name\] SET COMPATIBILITY_LEVEL = 150;/);
+  });
+
+  it("refuses a collation whose letter ranges skip letters (Estonian: [a-z] stops at z, before t), naming the collation", () => {
+    const [problem] = databaseProblems({ ...fine, collation_name: 'Estonian_CI_AS', ranges_ok: false });
+    assert.match(problem, /collation of database \[asyncproc\] \(Estonian_CI_AS\) does not keep the ASCII letters within \[A-Za-z\]/);
+  });
+
+  it('refuses an orphaned owner only when impersonating dbo failed with 15517 and its SID names no login', () => {
+    const [problem] = databaseProblems({ ...fine, impersonation_error: 15517, dbo_login: null });
+    assert.match(problem, /EXECUTE AS OWNER fails \(15517\)/);
+    assert.match(problem, /ALTER AUTHORIZATION ON DATABASE::\[asyncproc\] TO \[a_valid_login\];/);
+    // either sign alone is not enough: a permission error, or a SID this server cannot name for a moment
+    assert.deepEqual(databaseProblems({ ...fine, impersonation_error: 15517, dbo_login: 'sa' }), []);
+    assert.deepEqual(databaseProblems({ ...fine, impersonation_error: null, dbo_login: null }), []);
+    assert.deepEqual(databaseProblems({ ...fine, impersonation_error: 15406, dbo_login: null }), []);
+  });
+
+  it('reads it all in one batch; the LIKE is the name rules\' own pattern over every letter and digit they accept; impersonation only when asked', () => {
+    const text = code(databaseProbe(true));
+    assert.match(text, /^SET NOCOUNT ON;/);
+    assert.match(text, /BEGIN TRY\s+EXECUTE AS USER = N'dbo';\s+REVERT;\s+END TRY\s+BEGIN CATCH\s+SET @impersonation = ERROR_NUMBER\(\);\s+END CATCH;/);
+    assert.ok(text.includes(`N'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-' NOT LIKE N'%[^A-Za-z0-9_.:-]%'`));
+    assert.match(text, /SUSER_SNAME\(\(SELECT p\.sid FROM sys\.database_principals AS p WHERE p\.name = N'dbo'\)\) AS dbo_login/);
+    assert.match(text, /FROM sys\.databases AS d WHERE d\.database_id = DB_ID\(\);$/);
+    assert.doesNotMatch(code(databaseProbe(false)), /EXECUTE AS/);
+    // the pattern is the one the queue name rules use (0001's CHECK, usp_AsyncExecCreateQueue)
+    assert.ok(text.includes(`N'%[^A-Za-z0-9_.:-]%'`));
   });
 });

@@ -202,6 +202,69 @@ describe('mssql: T-SQL rules checked without a server', () => {
     }
   });
 
+  it('turns IMPLICIT_TRANSACTIONS off before the no-transaction guard of every procedure that has one', async () => {
+    // a caller with IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC autoCommit=false) passes the guard at
+    // @@TRANCOUNT 0, and its first SELECT then opens a transaction our COMMIT only nests in
+    let guarded = 0;
+    for (const [name, { text }] of await currentProcedures()) {
+      const code = codeOnly(text);
+      const guard = code.search(/IF @@TRANCOUNT > 0\s+BEGIN/);
+      if (guard < 0) continue;
+      guarded++;
+      const off = code.search(/SET IMPLICIT_TRANSACTIONS OFF;/);
+      assert.ok(off >= 0 && off < guard, `${name}: SET IMPLICIT_TRANSACTIONS OFF; before its @@TRANCOUNT guard`);
+      assert.ok(!/BEGIN TRAN/i.test(code.slice(0, off)), `${name}: and before any BEGIN TRANSACTION`);
+    }
+    assert.ok(guarded >= 6, `${guarded} guarded procedures`);
+  });
+
+  it('says NULL or NOT NULL for every column of a table variable in the procedures', async () => {
+    // without it a column's nullability follows the session's ANSI_NULL_DFLT_ON, or the database's
+    // ANSI_NULL_DEFAULT (OFF unless changed) where the session sets neither, as in an activation:
+    // a NULL inserted there fails with 515
+    let columns = 0;
+    for (const { file, text } of await scripts()) {
+      if (!file.startsWith('procedures/')) continue;
+      const code = codeOnly(text);
+      for (const declared of code.matchAll(/DECLARE @\w+ TABLE \(/g)) {
+        let depth = 1;
+        let end = declared.index! + declared[0].length;
+        for (; depth > 0; end++) depth += code[end] === '(' ? 1 : code[end] === ')' ? -1 : 0;
+        const body = code.slice(declared.index! + declared[0].length, end - 1);
+        const parts: string[] = [];
+        let part = '';
+        let nesting = 0;
+        for (const ch of body) {
+          nesting += ch === '(' ? 1 : ch === ')' ? -1 : 0;
+          if (ch === ',' && nesting === 0) (parts.push(part), (part = ''));
+          else part += ch;
+        }
+        parts.push(part);
+        for (const column of parts.map((p) => p.trim())) {
+          if (/^(PRIMARY KEY|UNIQUE|INDEX|CONSTRAINT|CHECK)\b/i.test(column)) continue;
+          columns++;
+          assert.match(column, /\bNULL\b|\bPRIMARY KEY\b/i, `${file}: ${column}`);
+        }
+      }
+    }
+    assert.ok(columns >= 30, `${columns} columns`);
+  });
+
+  it('names a collation wherever a Service Broker or catalog name meets a column of ours', async () => {
+    const current = await currentProcedures();
+    // sys.services.name is the case-sensitive Broker name, with a collation of its own (Msg 468 otherwise)
+    assert.match(codeOnly(current.get('usp_AsyncExecListenerWake')!.text), /JOIN sys\.services AS s ON s\.name = l\.service_name COLLATE Latin1_General_BIN2/);
+    const running = codeOnly(await readFile(path.join(MSSQL_SQL_DIR, 'procedures', 'AsyncExecRunning.sql'), 'utf8'));
+    assert.match(running, /q\.queue_object = t\.queue_object COLLATE DATABASE_DEFAULT/);
+    // no other comparison of a sys.services / sys.service_queues name with a column
+    for (const { file, text } of await scripts()) {
+      if (!file.startsWith('procedures/')) continue;
+      for (const m of codeOnly(text).matchAll(/\b\w+\.name\s*=\s*\w+\.\w+(?!\s+COLLATE)\b/g)) {
+        assert.ok(!/^(s|sq)\./.test(m[0]), `${file}: ${m[0]} needs a COLLATE`);
+      }
+    }
+  });
+
   it('keeps poison-message handling off and activation procedures running as owner', async () => {
     const all = (await scripts()).map((s) => codeOnly(s.text)).join('\n');
     const text = (await scripts()).map((s) => s.text).join('\n');
@@ -325,6 +388,10 @@ describe('mssql: DATABASE_URL', () => {
   it('takes a named instance instead of a port', () => {
     assert.equal(parseMssqlUrl('mssql://u:p@host/db?instanceName=SQLEXPRESS').config.options?.instanceName, 'SQLEXPRESS');
     assert.throws(() => parseMssqlUrl('mssql://u:p@host:1433/db?instanceName=X'), /port or instanceName/);
+  });
+
+  it('turns CURSOR_CLOSE_ON_COMMIT off on its connections (the listener ends dialogs one commit each inside a cursor loop)', () => {
+    assert.equal(parseMssqlUrl('mssql://u:p@host/db').config.options?.enableCursorCloseOnCommit, false);
   });
 
   it('parses allowKill, off unless asked for', () => {

@@ -25,6 +25,8 @@ FULL OUTER JOIN (SELECT id, token, [procedure], queue, started_at, attempts, ses
                    FROM asyncexec.AsyncExecResults WHERE status = 'RUNNING') AS e
      ON e.session_id = t.spid
 LEFT JOIN asyncexec.AsyncExecQueues AS q
-     ON q.queue_object = t.queue_object OR (t.queue_object IS NULL AND q.name = e.queue)
+     -- a queue's name in the catalog takes the catalog's collation, which a (partially) contained
+     -- database does not share with its tables: named, so the two never conflict (Msg 468)
+     ON q.queue_object = t.queue_object COLLATE DATABASE_DEFAULT OR (t.queue_object IS NULL AND q.name = e.queue)
 LEFT JOIN sys.dm_exec_requests AS r
      ON r.session_id = COALESCE(e.session_id, t.spid);

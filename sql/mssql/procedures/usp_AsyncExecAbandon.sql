@@ -21,7 +21,7 @@ BEGIN
     DECLARE @receive nvarchar(max), @x uniqueidentifier, @lock int, @deadReceive nvarchar(max), @deadType sysname,
             @deadBody varbinary(max), @errNumber int, @errText nvarchar(4000), @resource nvarchar(255), @cursor varchar(18), @reply xml,
             @now datetime2(3), @batchId uniqueidentifier, @batchStatus varchar(10);
-    DECLARE @changed TABLE (v binary(8));
+    DECLARE @changed TABLE (v binary(8) NULL);
 
     SELECT @receive = N'RECEIVE TOP (1) @x = conversation_handle FROM asyncexec.' + QUOTENAME(queue_object)
                     + N' WHERE conversation_handle = @h;',

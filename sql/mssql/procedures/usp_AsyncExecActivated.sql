@@ -15,7 +15,7 @@ BEGIN
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
             @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int, @batchId uniqueidentifier,
             @batchStatus varchar(10), @rows int, @transactional bit, @registeredTransactional bit, @transient bit;
-    DECLARE @changed TABLE (v binary(8), status varchar(10));
+    DECLARE @changed TABLE (v binary(8) NULL, status varchar(10) NULL);
 
     SELECT @receive = N'WAITFOR (RECEIVE TOP (1) @h = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
                     + QUOTENAME(queue_object) + N'), TIMEOUT 1000;',

@@ -45,7 +45,7 @@ BEGIN
     DECLARE @message nvarchar(2048), @status varchar(10), @onFailure varchar(8), @stageCount int, @currentStage int,
             @end bit = 0, @final varchar(10), @now datetime2(3), @id bigint, @service nvarchar(256), @queue nvarchar(100),
             @h uniqueidentifier, @body xml, @errNumber int, @errMessage nvarchar(4000);
-    DECLARE @release TABLE (id bigint PRIMARY KEY, queue nvarchar(100), service_name nvarchar(256) NULL);
+    DECLARE @release TABLE (id bigint PRIMARY KEY, queue nvarchar(100) NULL, service_name nvarchar(256) NULL);
 
     IF @batchId IS NULL
         RETURN;

@@ -66,6 +66,12 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecCancelBatch
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Our BEGIN/COMMIT must be real transactions even for a caller whose session has
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC autoCommit=false, SET ANSI_DEFAULTS ON): there, a
+    -- first SELECT opens a transaction our COMMIT only nests in, and all of it rolls back when the
+    -- caller disconnects. A SET in a procedure is restored when it returns (SET statements,
+    -- "Considerations when you use the SET statements").
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET XACT_ABORT OFF;   -- a failed wake-up SEND (step 2) must leave our transaction usable
     SET ANSI_WARNINGS ON;
     SET ANSI_PADDING ON;

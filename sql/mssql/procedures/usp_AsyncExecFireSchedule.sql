@@ -34,6 +34,12 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecFireSchedule
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Our BEGIN/COMMIT must be real transactions even for a caller whose session has
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC autoCommit=false, SET ANSI_DEFAULTS ON): there, a
+    -- first SELECT opens a transaction our COMMIT only nests in, and all of it rolls back when the
+    -- caller disconnects. A SET in a procedure is restored when it returns (SET statements,
+    -- "Considerations when you use the SET statements").
+    SET IMPLICIT_TRANSACTIONS OFF;
     -- a client that gives up mid-fire (an attention, which TRY...CATCH never sees) leaves no
     -- transaction open on a pooled connection: it is rolled back
     SET XACT_ABORT ON;

@@ -91,17 +91,17 @@ BEGIN
         THROW 50002, @message, 1;
     END;
 
-    DECLARE @args TABLE ([key] nvarchar(4000) COLLATE Latin1_General_BIN2, [value] nvarchar(max), [type] tinyint);
+    DECLARE @args TABLE ([key] nvarchar(4000) COLLATE Latin1_General_BIN2 NULL, [value] nvarchar(max) NULL, [type] tinyint NULL);
     INSERT @args ([key], [value], [type]) SELECT [key], [value], [type] FROM OPENJSON(@arguments);
 
-    DECLARE @params TABLE (name nvarchar(128) COLLATE Latin1_General_BIN2, position int, base_type nvarchar(128), type_text nvarchar(128),
-                           max_length smallint, has_default bit, is_supported bit);
+    DECLARE @params TABLE (name nvarchar(128) COLLATE Latin1_General_BIN2 NULL, position int NULL, base_type nvarchar(128) NULL, type_text nvarchar(128) NULL,
+                           max_length smallint NULL, has_default bit NULL, is_supported bit NULL);
     INSERT @params (name, position, base_type, type_text, max_length, has_default, is_supported)
     SELECT name, position, base_type, type_text, max_length, has_default, is_supported
     FROM asyncexec.AsyncExecParameters
     WHERE [procedure] = @registered;
 
-    DECLARE @found TABLE (ord int, problem nvarchar(2000));
+    DECLARE @found TABLE (ord int NULL, problem nvarchar(2000) NULL);
     INSERT @found (ord, problem)
     SELECT 1, CONCAT(N'unknown argument "', a.[key], N'"')
     FROM @args AS a WHERE NOT EXISTS (SELECT 1 FROM @params AS p WHERE p.name = a.[key]);

@@ -13,7 +13,7 @@ BEGIN
     SET XACT_ABORT OFF;
     DECLARE @i uniqueidentifier;
     DECLARE @stale TABLE (instance_id uniqueidentifier PRIMARY KEY);
-    DECLARE @done TABLE (instance_id uniqueidentifier, error_number int, error_message nvarchar(4000));
+    DECLARE @done TABLE (instance_id uniqueidentifier NULL, error_number int NULL, error_message nvarchar(4000) NULL);
     IF @staleSeconds IS NULL OR @staleSeconds < 10 SET @staleSeconds = 10;
 
     INSERT @stale (instance_id)

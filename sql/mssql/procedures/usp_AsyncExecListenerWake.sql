@@ -11,13 +11,19 @@ WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Our BEGIN/COMMIT must be real transactions even for a caller whose session has
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC autoCommit=false, SET ANSI_DEFAULTS ON): there, a
+    -- first SELECT opens a transaction our COMMIT only nests in, and all of it rolls back when the
+    -- caller disconnects. A SET in a procedure is restored when it returns (SET statements,
+    -- "Considerations when you use the SET statements").
+    SET IMPLICIT_TRANSACTIONS OFF;
     -- OFF: no transaction is opened here; each BEGIN DIALOG / SEND is its own autocommit
     -- statement inside its own TRY...CATCH, so a failure affects that receiver only.
     SET XACT_ABORT OFF;
     DECLARE @name nvarchar(32) = REPLACE(LOWER(CONVERT(nvarchar(36), @instance)), N'-', N''),
             @to uniqueidentifier, @toService nvarchar(256), @h uniqueidentifier, @usable bit,
             @sent int = 0, @failed int = 0, @errNumber int, @errMessage nvarchar(4000), @begin nvarchar(max);
-    DECLARE @targets TABLE (instance_id uniqueidentifier PRIMARY KEY, service_name nvarchar(256), h uniqueidentifier, usable bit);
+    DECLARE @targets TABLE (instance_id uniqueidentifier PRIMARY KEY, service_name nvarchar(256) NULL, h uniqueidentifier NULL, usable bit NULL);
 
     -- each send is its own transaction and a failed one is rolled back whole ("ROLLBACK
     -- TRANSACTION": without a savepoint name it goes to the outermost BEGIN TRAN): inside a
@@ -44,7 +50,10 @@ BEGIN
            -- yet) or CO (conversing); DI, DO, ER, CD mean it has ended or is ending
            CASE WHEN ce.state IN ('SO', 'CO') THEN 1 ELSE 0 END
       FROM asyncexec.AsyncExecListeners AS l
-      JOIN sys.services AS s ON s.name = l.service_name
+      -- sys.services.name is the case-sensitive Broker name (sys.services: "Case-sensitive name of
+      -- service"), with a collation of its own: two column collations in one comparison are a
+      -- conflict (Msg 468) unless one is named; BIN2 compares it as Broker does, exactly
+      JOIN sys.services AS s ON s.name = l.service_name COLLATE Latin1_General_BIN2
       LEFT JOIN asyncexec.AsyncExecListenerDialogs AS d ON d.from_instance = @instance AND d.to_instance = l.instance_id
       LEFT JOIN sys.conversation_endpoints AS ce ON ce.conversation_handle = d.conversation_handle AND ce.is_initiator = 1
      WHERE l.instance_id <> @instance

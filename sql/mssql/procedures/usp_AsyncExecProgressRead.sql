@@ -31,8 +31,8 @@ BEGIN
     -- error is rolled back and the transaction continues": a lock timeout here must not doom
     -- usp_AsyncExecRun's transaction (a SET in a procedure is restored when it returns)
     SET XACT_ABORT OFF;
-    DECLARE @seen TABLE (id bigint PRIMARY KEY, started_at datetime2(3), sequence int, [percent] decimal(5, 2), message nvarchar(54));
-    DECLARE @changed TABLE (execution_id bigint);
+    DECLARE @seen TABLE (id bigint PRIMARY KEY, started_at datetime2(3) NULL, sequence int NULL, [percent] decimal(5, 2) NULL, message nvarchar(54) NULL);
+    DECLARE @changed TABLE (execution_id bigint NULL);
 
     -- Two statements, so that the DMVs are referenced only where they are read: the run's own
     -- path (an activation context, impersonated) never touches them.

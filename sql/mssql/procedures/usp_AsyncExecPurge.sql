@@ -33,6 +33,12 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecPurge
 AS
 BEGIN
     SET NOCOUNT ON;
+    -- Our BEGIN/COMMIT must be real transactions even for a caller whose session has
+    -- IMPLICIT_TRANSACTIONS ON (pyodbc, JDBC autoCommit=false, SET ANSI_DEFAULTS ON): there, a
+    -- first SELECT opens a transaction our COMMIT only nests in, and all of it rolls back when the
+    -- caller disconnects. A SET in a procedure is restored when it returns (SET statements,
+    -- "Considerations when you use the SET statements").
+    SET IMPLICIT_TRANSACTIONS OFF;
     SET XACT_ABORT ON;
     DECLARE @message nvarchar(2048), @cutoff datetime2(3), @deadline datetime2(3), @deleted int = 0, @n int, @more bit = 0;
     DECLARE @ids TABLE (id bigint PRIMARY KEY);

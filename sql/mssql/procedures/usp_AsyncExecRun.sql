@@ -66,7 +66,7 @@ BEGIN
             @attempts int, @maxAttempts int, @cancel bit, @status varchar(10), @retryIn int, @cursor varchar(18), @reply xml,
             @now datetime2(3), @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @batchId uniqueidentifier,
             @batchStatus varchar(10), @transactional bit, @tranId bigint, @ended bit = 0, @fresh bit = 0;
-    DECLARE @changed TABLE (v binary(8));
+    DECLARE @changed TABLE (v binary(8) NULL);
 
     SELECT @args = e.arguments, @registered = e.[procedure], @batchId = e.batch_id, @transactional = COALESCE(e.transactional, 1),
            @target = CASE WHEN OBJECT_ID(QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name), N'P') IS NOT NULL
@@ -80,7 +80,7 @@ BEGIN
     -- checked; the procedure called by position (DEFAULT where an optional argument is
     -- left out). The text holds only catalog names and types (QUOTENAME'd) and our
     -- numbers; argument names and values reach it only as the parameters @__args/@__names.
-    DECLARE @p TABLE (position int, idx int, name nvarchar(128), base_type nvarchar(128), type_text nvarchar(128), is_output bit, present bit);
+    DECLARE @p TABLE (position int NULL, idx int NULL, name nvarchar(128) NULL, base_type nvarchar(128) NULL, type_text nvarchar(128) NULL, is_output bit NULL, present bit NULL);
     INSERT @p (position, idx, name, base_type, type_text, is_output, present)
     SELECT p.position, ROW_NUMBER() OVER (ORDER BY p.position) - 1, p.name, p.base_type, p.type_text, p.is_output,
            CASE WHEN EXISTS (SELECT 1 FROM OPENJSON(@args) AS a WHERE a.[key] = p.name COLLATE Latin1_General_BIN2) THEN 1 ELSE 0 END

@@ -19,7 +19,7 @@ BEGIN
     SET NUMERIC_ROUNDABORT OFF;
     DECLARE @h uniqueidentifier, @cancel bit, @lease int, @resource nvarchar(255) = CONCAT(N'asyncexec/', @id), @lock int,
             @now datetime2(3), @cursor varchar(18), @reply xml, @batchId uniqueidentifier, @batchStatus varchar(10);
-    DECLARE @changed TABLE (v binary(8));
+    DECLARE @changed TABLE (v binary(8) NULL);
     SET @status = NULL;
 
     SELECT @status = e.status, @cancel = e.cancel_requested, @h = e.target_handle, @batchId = e.batch_id,

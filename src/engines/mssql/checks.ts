@@ -33,7 +33,7 @@ export async function checkQueues(pool: sql.ConnectionPool, logger: Logger): Pro
             sq.is_poison_message_handling_enabled
        FROM (SELECT name AS queue, queue_object AS object FROM asyncexec.AsyncExecQueues
              UNION ALL SELECT NULL, N'AsyncExecNotifyQueue') AS w
-       LEFT JOIN sys.service_queues AS sq ON sq.name = w.object AND sq.schema_id = SCHEMA_ID(N'asyncexec')`,
+       LEFT JOIN sys.service_queues AS sq ON sq.name COLLATE DATABASE_DEFAULT = w.object AND sq.schema_id = SCHEMA_ID(N'asyncexec')`,
   );
   const problems: string[] = [];
   for (const row of result.recordset) {
@@ -95,4 +95,96 @@ export async function checkReadCommittedSnapshot(pool: sql.ConnectionPool): Prom
   );
   const problem = readCommittedSnapshotProblem(result.recordset[0]);
   if (problem) throw new Error(problem);
+}
+
+/** What checkDatabase reads of the database, in one round trip (DATABASE_PROBE). */
+export interface DatabaseProbe {
+  name: string;
+  compatibility_level: number;
+  collation_name: string | null;
+  /** Whether the ranges of our name rules (`[A-Za-z0-9_.:-]`) hold every ASCII letter and digit under the database's collation. */
+  ranges_ok: boolean;
+  /** The error EXECUTE AS USER = N'dbo' raised (null: none, or not tried). */
+  impersonation_error: number | null;
+  /** The login that dbo's SID names on this server (null: none). */
+  dbo_login: string | null;
+}
+
+/** Every letter and digit our name rules accept, and the four marks. */
+const NAME_CHARACTERS = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.:-';
+
+/**
+ * The database's facts checkDatabase judges. `impersonate`: also try EXECUTE AS USER = N'dbo'
+ * (what activation and the EXECUTE AS OWNER procedures do), which only a login allowed to
+ * impersonate dbo (db_owner, as migrations require) may try without a permission error.
+ * String literals take the database's default collation (Collation Precedence: a literal is
+ * coercible-default), so the LIKE below is judged as the CHECK constraints and procedures that
+ * use the same pattern judge it.
+ */
+export function databaseProbe(impersonate: boolean): string {
+  return `SET NOCOUNT ON;
+DECLARE @impersonation int = NULL;
+${
+  impersonate
+    ? `BEGIN TRY
+    EXECUTE AS USER = N'dbo';
+    REVERT;
+END TRY
+BEGIN CATCH
+    SET @impersonation = ERROR_NUMBER();
+END CATCH;
+`
+    : ''
+}SELECT d.name, d.compatibility_level, d.collation_name,
+       CAST(CASE WHEN N'${NAME_CHARACTERS}' NOT LIKE N'%[^A-Za-z0-9_.:-]%' THEN 1 ELSE 0 END AS bit) AS ranges_ok,
+       @impersonation AS impersonation_error,
+       SUSER_SNAME((SELECT p.sid FROM sys.database_principals AS p WHERE p.name = N'dbo')) AS dbo_login
+  FROM sys.databases AS d WHERE d.database_id = DB_ID();`;
+}
+
+/**
+ * What keeps the service from working on this database, each with its fix:
+ *  * compatibility level below 130: OPENJSON, which migrations, invoke and run use, "is
+ *    available only under compatibility level 130 or higher" (OPENJSON); below it a fresh
+ *    database fails mid-migration, and one lowered later fails every invoke, and every queued
+ *    call is retried until it fails as lost;
+ *  * a collation whose letter ranges skip letters (Estonian sorts Z between S and T, so
+ *    [a-z] stops at Z): the queue and procedure name rules (CHECK constraints, procedures)
+ *    refuse names like "default", and the first migration that creates the default queue fails;
+ *  * an orphaned dbo (a database restored from another server whose owner's login is not here):
+ *    EXECUTE AS OWNER fails with 15517 in invoke, in every activation and in the listener, so
+ *    the service would start and run nothing. Judged only from the impersonation's own error
+ *    together with a dbo SID that names no login.
+ */
+export function databaseProblems(db: DatabaseProbe | undefined): string[] {
+  if (!db) return [];
+  const name = `[${db.name.replace(/]/g, ']]')}]`;
+  const problems: string[] = [];
+  if (db.compatibility_level < 130) {
+    problems.push(
+      `database ${name} is at compatibility level ${db.compatibility_level}; the service needs 130 or higher (OPENJSON): ` +
+        `ALTER DATABASE ${name} SET COMPATIBILITY_LEVEL = 150;`,
+    );
+  }
+  if (!db.ranges_ok) {
+    problems.push(
+      `the collation of database ${name} (${db.collation_name ?? 'unknown'}) does not keep the ASCII letters within [A-Za-z], ` +
+        `which the service's name rules rely on; create the database with a Latin1_General collation (for instance ` +
+        `CREATE DATABASE ... COLLATE Latin1_General_100_CI_AS_SC_UTF8)`,
+    );
+  }
+  if (db.impersonation_error === 15517 && db.dbo_login === null) {
+    problems.push(
+      `the owner of database ${name} is not a login of this server (a database restored from another server?), so EXECUTE AS OWNER ` +
+        `fails (15517) in invoke, activation and the listener: ALTER AUTHORIZATION ON DATABASE::${name} TO [a_valid_login];`,
+    );
+  }
+  return problems;
+}
+
+/** Refuses to start (or to migrate) on a database the service cannot work in (databaseProblems). */
+export async function checkDatabase(pool: sql.ConnectionPool, options: { impersonate: boolean }): Promise<void> {
+  const result = await pool.request().batch<DatabaseProbe>(databaseProbe(options.impersonate));
+  const problems = databaseProblems(result.recordset[0]);
+  if (problems.length) throw new Error(`This database cannot run asyncproc: ${problems.join(' ')}`);
 }

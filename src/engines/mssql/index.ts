@@ -33,7 +33,7 @@ import { highestMigration } from '../migrationFiles.js';
 import { silentLogger } from '../../logger.js';
 import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { cancelBatch } from './cancelBatch.js';
-import { checkBroker, checkOwner, checkQueues, checkReadCommittedSnapshot } from './checks.js';
+import { checkBroker, checkDatabase, checkOwner, checkQueues, checkReadCommittedSnapshot } from './checks.js';
 import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, listRunning, readChanges } from './executions.js';
 import { isToken } from './types.js';
@@ -128,6 +128,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
 
   async migrate(): Promise<void> {
     await checkBroker(this.pool);
+    // before any migration: one that fails half-way on an unusable database says less than this
+    await checkDatabase(this.pool, { impersonate: true });
     const { versions, procedures } = await migrate(this.config, this.options.sqlDir ?? MSSQL_SQL_DIR);
     if (versions.length) this.logger.info({ applied: versions }, 'applied SQL Server migrations');
     // an ALTER drops a module signature (docs/mssql.md, "Security context of the calls")
@@ -147,6 +149,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   /** Start-up checks; each failure names its fix. */
   async check(): Promise<void> {
     await checkBroker(this.pool);
+    // a login that is not db_owner may serve (docs/mssql.md, Permissions): no impersonation here
+    await checkDatabase(this.pool, { impersonate: false });
     await checkQueues(this.pool, this.logger);
     await checkOwner(this.pool, this.logger);
     await checkReadCommittedSnapshot(this.pool);

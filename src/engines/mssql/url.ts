@@ -50,7 +50,15 @@ export function parseMssqlUrl(text: string): MssqlUrl {
   const database = decodeURIComponent(url.pathname.replace(/^\//, ''));
   if (!database || database.includes('/')) throw new Error('DATABASE_URL: name exactly one database in the path (mssql://…/asyncproc)');
 
-  const options: NonNullable<sql.config['options']> = { encrypt: true, trustServerCertificate: false, appName: 'asyncproc' };
+  const options: NonNullable<sql.config['options']> = {
+    encrypt: true,
+    trustServerCertificate: false,
+    appName: 'asyncproc',
+    // tedious leaves CURSOR_CLOSE_ON_COMMIT to the database's option unless told: with it ON a
+    // commit closes the cursors open on the connection, and the listener ends dialogs one by one
+    // (each END its own commit) inside a cursor loop, whose next FETCH would then fail (16917)
+    enableCursorCloseOnCommit: false,
+  };
   const config: sql.config = {
     server: url.hostname.replace(/^\[(.*)\]$/, '$1'), // IPv6 literals come bracketed
     database,
