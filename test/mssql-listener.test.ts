@@ -440,6 +440,8 @@ describe('mssql checks: the database itself (compatibility level, collation, own
     assert.deepEqual(databaseProblems({ ...fine, impersonation_error: 15517, dbo_login: 'sa' }), []);
     assert.deepEqual(databaseProblems({ ...fine, impersonation_error: null, dbo_login: null }), []);
     assert.deepEqual(databaseProblems({ ...fine, impersonation_error: 15406, dbo_login: null }), []);
+    // a Windows owner the server cannot resolve fails with 15404 instead
+    assert.match(databaseProblems({ ...fine, impersonation_error: 15404, dbo_login: null })[0], /EXECUTE AS OWNER fails \(15404\)/);
   });
 
   it('reads it all in one batch; the LIKE is the name rules\' own pattern over every letter and digit they accept; impersonation only when asked', () => {

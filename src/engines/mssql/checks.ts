@@ -173,10 +173,11 @@ export function databaseProblems(db: DatabaseProbe | undefined): string[] {
         `CREATE DATABASE ... COLLATE Latin1_General_100_CI_AS_SC_UTF8)`,
     );
   }
-  if (db.impersonation_error === 15517 && db.dbo_login === null) {
+  // 15517; 15404 for a Windows owner the server cannot resolve (MSSQLSERVER_15404)
+  if ((db.impersonation_error === 15517 || db.impersonation_error === 15404) && db.dbo_login === null) {
     problems.push(
       `the owner of database ${name} is not a login of this server (a database restored from another server?), so EXECUTE AS OWNER ` +
-        `fails (15517) in invoke, activation and the listener: ALTER AUTHORIZATION ON DATABASE::${name} TO [a_valid_login];`,
+        `fails (${db.impersonation_error}) in invoke, activation and the listener: ALTER AUTHORIZATION ON DATABASE::${name} TO [a_valid_login];`,
     );
   }
   return problems;
