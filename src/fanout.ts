@@ -7,7 +7,7 @@
  * messages of one turn of the event loop leave in one write (coalescingWrites).
  */
 import { createSourceEventStream, execute, print, type DocumentNode, type ExecutionArgs, type ExecutionResult, type GraphQLError } from 'graphql';
-import type { Plugin } from 'graphql-yoga';
+import { createGraphQLError, type Plugin } from 'graphql-yoga';
 import type { Socket } from 'node:net';
 import WebSocket from 'ws';
 import { callerRoles, isAdmin, ownerFilter, type Principal } from './auth/principal.js';
@@ -49,7 +49,19 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
     return this;
   }
 
+  /** Set by endAfterThis: the value being mapped is the last one. */
+  private ending = false;
+
+  /** End after the value being mapped (the map's result is still delivered). */
+  endAfterThis(): void {
+    this.ending = true;
+  }
+
   async next(): Promise<IteratorResult<U>> {
+    if (this.ending) {
+      await this.close();
+      return { done: true, value: undefined };
+    }
     let step: IteratorResult<T>;
     try {
       step = await this.iterator.next();
@@ -130,6 +142,12 @@ export function useSharedEventExecution(options: {
    * shared by many subscribers included), as envelop's masking plugin applies it per subscriber.
    */
   maskError?: (error: unknown) => GraphQLError;
+  /**
+   * Whether a subscriber's credentials still hold, asked before each of its events (true: at
+   * once, without a promise). Refused: the subscriber gets one UNAUTHENTICATED error and its
+   * stream ends, over either transport (a revoked API key, a JWT past its `exp`).
+   */
+  admit?: (context: unknown) => true | Promise<boolean>;
 } = {}): Plugin {
   const { maskError } = options;
   const masked = (result: ExecutionResult): ExecutionResult =>
@@ -153,7 +171,13 @@ export function useSharedEventExecution(options: {
         if (!isAsyncIterable(source)) return source;
         // worked out at the first event: a subscriber that waits long holds no shape string meanwhile
         let shape: string | null | undefined;
-        const events = new MappedEvents(source, (event) => {
+        const refused = (): ExecutionResult => {
+          events.endAfterThis();
+          return {
+            errors: [createGraphQLError('your credentials have expired or were revoked: subscribe again with valid ones', { extensions: { code: 'UNAUTHENTICATED' } })],
+          };
+        };
+        const deliver = (event: unknown) => {
           const run = async () =>
             masked(await execute({ ...args, rootValue: event, contextValue: options.eventContext ? options.eventContext(args.contextValue) : args.contextValue }));
           if (shape === undefined) shape = shapeOf(args);
@@ -163,6 +187,11 @@ export function useSharedEventExecution(options: {
           let result = byShape.get(shape);
           if (result === undefined) byShape.set(shape, (result = run()));
           return result;
+        };
+        const events = new MappedEvents(source, (event) => {
+          const admitted = options.admit?.(args.contextValue) ?? true;
+          if (admitted === true) return deliver(event);
+          return admitted.then((yes) => (yes ? deliver(event) : refused()));
         }, failure);
         const holder = (args.contextValue as Record<symbol, EventsHolder> | null)?.[SHARED_EVENTS];
         if (holder) holder.events = events;

@@ -4,7 +4,7 @@ import { GraphQLError, type ExecutionResult } from 'graphql';
 import { createGraphQLError, createYoga, maskError } from 'graphql-yoga';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer, type WebSocket } from 'ws';
-import { AuthenticationError, authorizationParam, USER_HEADER, type Authenticator } from './auth/authenticate.js';
+import { AuthenticationError, authorizationParam, RECHECK_MS, USER_HEADER, type Authenticator } from './auth/authenticate.js';
 import type { Principal } from './auth/principal.js';
 import { useMutationRateLimit, type RateLimiter } from './auth/rateLimit.js';
 import type { CompletionHub } from './completionHub.js';
@@ -135,7 +135,11 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
         }
       }
       // an HTTP request (SSE) is wanted until its client goes: the request's signal aborts then
-      return { engine, hub, limits, principal, loaders: createLoaders(engine), logger, wanted: wanted ?? (() => !request?.signal.aborted) };
+      return {
+        engine, hub, limits, principal, loaders: createLoaders(engine), logger,
+        wanted: wanted ?? (() => !request?.signal.aborted),
+        credentialsChanged: () => auth.forgetKeyChecks(),
+      };
     },
     // never in development mode: stack and SQL text stay in the server's log
     maskedErrors: { isDev: false, maskError: masking },
@@ -156,6 +160,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
         eventContext: (context) => ({ ...(context as object), loaders: createLoaders(engine) }),
         // as yoga masks an error (its own message for the unexpected), once per shared result
         maskError: (error) => masking(error, 'Unexpected error.') as GraphQLError,
+        // a running stream ends when its credentials lapse (a revoked API key, a JWT past its exp)
+        admit: (context) => auth.stillValid((context as Context).principal),
       }),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
@@ -188,6 +194,21 @@ export async function startServer(options: ServerOptions & { port: number; host?
   const connections = new Map<string, number>();
   /** `request`: the upgrade request, until connection_init has been answered. */
   type Extra = { request: IncomingMessage; principal?: Principal; counted?: string };
+  /** Open sockets whose credentials can lapse (a JWT, an API key), checked every RECHECK_MS (closeLapsed). */
+  const credentialed = new Map<WebSocket, Principal>();
+  const lapsed = (socket: WebSocket) => {
+    credentialed.delete(socket);
+    // 4403: credentials refused; the client connects again with valid ones
+    if (socket.readyState === socket.OPEN) socket.close(4403, 'credentials expired or revoked');
+  };
+  const closeLapsed = () => {
+    for (const [socket, principal] of credentialed) {
+      const valid = auth.stillValid(principal);
+      if (valid !== true) void valid.then((yes) => yes || lapsed(socket));
+    }
+  };
+  const recheck = auth.required ? setInterval(closeLapsed, RECHECK_MS) : null;
+  recheck?.unref();
   const wsServer = useServer<Record<string, unknown>, Extra>(
     {
       execute: (args: any) => args.rootValue.execute(args),
@@ -221,6 +242,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
           ctx.extra.counted = principal.subject;
         }
         ctx.extra.principal = principal;
+        if (principal.via !== 'anonymous') credentialed.set(socket, principal);
         // the upgrade request (~2.5 KB with its headers and stream state) is not needed after the credentials:
         // graphql-ws would keep it for the socket's whole life
         // (undefined rather than delete: a deleted property turns the object into a ~280-byte dictionary)
@@ -228,6 +250,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
         return true;
       },
       onClose: (ctx) => {
+        credentialed.delete((ctx.extra as Extra & { socket: WebSocket }).socket);
         const key = ctx.extra.counted;
         if (key === undefined) return;
         const open = (connections.get(key) ?? 1) - 1;
@@ -240,6 +263,12 @@ export async function startServer(options: ServerOptions & { port: number; host?
         const principal = ctx.extra.principal!;
         if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) {
           return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];
+        }
+        // an API key revoked since the socket opened (looked up again at most once every RECHECK_MS)
+        const valid = auth.stillValid(principal);
+        if (valid !== true && !(await valid)) {
+          lapsed((ctx.extra as Extra & { socket: WebSocket }).socket);
+          return [createGraphQLError('this API key was revoked', { extensions: { code: 'UNAUTHENTICATED' } })];
         }
         // what the context starts from: the verified principal and the operation (the socket's state stays with graphql-ws)
         // wanted while graphql-ws holds it: a `complete` from the client or the socket's close removes it
@@ -275,6 +304,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
     port,
     url: `http://127.0.0.1:${port}${yoga.graphqlEndpoint}`,
     close: async () => {
+      if (recheck) clearInterval(recheck);
       await wsServer.dispose();
       wss.close();
       server.closeAllConnections();

@@ -425,6 +425,89 @@ describe('API keys', () => {
   });
 });
 
+describe('credentials that lapse while a socket or a stream is open', () => {
+  /** A raw graphql-transport-ws socket, acknowledged: what it is sent, every message it gets, and how it closes. */
+  async function socketWith(authorization: string) {
+    const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+    const messages: any[] = [];
+    const closed = new Promise<{ code: number; reason: string }>((resolve) => socket.on('close', (code, reason) => resolve({ code, reason: String(reason) })));
+    await new Promise<void>((resolve, reject) => {
+      socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload: { Authorization: authorization } })));
+      socket.on('message', (data) => {
+        const message = JSON.parse(String(data));
+        messages.push(message);
+        if (message.type === 'connection_ack') resolve();
+      });
+      socket.on('close', (code) => reject(new Error(`closed ${code} before its ack`)));
+    });
+    const send = (message: unknown) => socket.send(JSON.stringify(message));
+    return { socket, messages, closed, send };
+  }
+  const newKey = async (name: string, roles: string[]) => {
+    const { body } = await t.gql(`mutation($i: CreateApiKeyInput!) { createApiKey(input: $i) { secret apiKey { id } } }`, { i: { name, roles } }, admin);
+    return { secret: body.data.createApiKey.secret as string, id: body.data.createApiKey.apiKey.id as string };
+  };
+
+  it('a revoked API key: its open socket is closed 4403 and its running stream ends; nothing more is done with it', async () => {
+    const key = await newKey('lapsing-admin', ['admin']);
+    const ws = await socketWith(`ApiKey ${key.secret}`);
+    ws.send({ id: 'events', type: 'subscribe', payload: { query: 'subscription { executionEvents { status execution { token } } }' } });
+    const sse = t.sse({ authorization: `ApiKey ${key.secret}` }).iterate<{ executionEvents: { execution: { token: string } } }>({ query: 'subscription { executionEvents { status execution { token } } }' });
+    const sseSeen: any[] = [];
+    const sseDone = (async () => {
+      for await (const event of sse) sseSeen.push(event);
+    })().catch((error) => sseSeen.push({ thrown: error }));
+    // calls until both streams have heard one (each stream begins at its first read)
+    await waitFor(
+      async () => {
+        await invoke(alice);
+        await sleep(300);
+        return ws.messages.some((m) => m.type === 'next' && m.payload.data?.executionEvents?.execution?.token) && sseSeen.some((e) => e.data?.executionEvents?.execution?.token);
+      },
+      15_000,
+      'both streams to stream',
+    );
+
+    const revoked = await t.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { apiKey { revokedAt } } }`, { id: key.id }, admin);
+    assert.ok(revoked.body.data.revokeApiKey.apiKey.revokedAt);
+    const { code } = await Promise.race([ws.closed, sleep(5_000).then(() => ({ code: -1, reason: '' }))]);
+    assert.equal(code, 4403, 'the socket is closed within seconds');
+    // the SSE stream ends at its next event, told why
+    await invoke(alice);
+    await Promise.race([sseDone, sleep(10_000)]);
+    const last = sseSeen.at(-1);
+    const told = last?.errors?.[0] ?? last?.thrown?.[0] ?? last?.thrown;
+    assert.equal(told?.extensions?.code, 'UNAUTHENTICATED', JSON.stringify(sseSeen.slice(-2)));
+    // and a socket opened before the revocation can create nothing (it is closed; a new one is refused)
+    assert.equal((await wsInit({ Authorization: `ApiKey ${key.secret}` })).code, 4403);
+    const keys = await t.gql(`{ apiKeys { name } }`, {}, admin);
+    assert.ok(!keys.body.data.apiKeys.some((k: { name: string }) => k.name.startsWith('made-after-revoke')));
+  });
+
+  it('a revoked API key cannot subscribe or query on a socket opened before, even between the periodic checks', async () => {
+    const key = await newKey('lapsing-operator', ['operator']);
+    const ws = await socketWith(`ApiKey ${key.secret}`);
+    ws.send({ id: 'q1', type: 'subscribe', payload: { query: '{ viewer { subject } }' } });
+    await waitFor(async () => ws.messages.some((m) => m.id === 'q1' && m.type === 'next'), 5_000, 'a first query');
+    await t.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { apiKey { revokedAt } } }`, { id: key.id }, admin);
+    // at once, before the next periodic check: the revocation here forgets what was looked up
+    ws.send({ id: 'q2', type: 'subscribe', payload: { query: `mutation { createApiKey(input: { name: "made-after-revoke", roles: ["admin"] }) { secret } }` } });
+    const { code } = await ws.closed;
+    assert.equal(code, 4403);
+    assert.ok(!ws.messages.some((m) => m.id === 'q2' && m.type === 'next'), JSON.stringify(ws.messages));
+    const keys = await t.gql(`{ apiKeys { name } }`, {}, admin);
+    assert.ok(!keys.body.data.apiKeys.some((k: { name: string }) => k.name === 'made-after-revoke'), 'no key was made');
+  });
+
+  it('a JWT past its exp: its open socket is closed 4403, its running subscription ends', async () => {
+    const shortLived = await token('alice', [], { expiresIn: '2s' });
+    const ws = await socketWith(`Bearer ${shortLived}`);
+    ws.send({ id: 'events', type: 'subscribe', payload: { query: 'subscription { executionEvents { status execution { token } } }' } });
+    const { code } = await Promise.race([ws.closed, sleep(6_000).then(() => ({ code: -1, reason: '' }))]);
+    assert.equal(code, 4403);
+  });
+});
+
 describe('api-key command', () => {
   it('makes the first admin key from the command line; list shows it; revoke stops it', async () => {
     // not spawnSync: a blocked event loop lets the service's idle keep-alive sockets time out

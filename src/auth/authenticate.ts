@@ -22,6 +22,9 @@ function developmentUser(user: string | null | undefined): string | null {
   return user;
 }
 
+/** How long a re-check of an API key holds (stillValid): a revoked key stops within this on every instance. */
+export const RECHECK_MS = 1000;
+
 /** No credentials (`missing`) or credentials refused (`invalid`): HTTP 401; graphql-ws closes 4401 / 4403. */
 export class AuthenticationError extends Error {
   override name = 'AuthenticationError';
@@ -41,6 +44,8 @@ export class AuthenticationError extends Error {
  */
 export class Authenticator {
   private readonly jwt: JwtVerifier | null;
+  /** API keys looked up again lately (stillValid), by hash. */
+  private readonly keyChecks = new Map<string, { at: number; live: Promise<boolean> }>();
 
   constructor(
     readonly settings: AuthSettings,
@@ -80,7 +85,37 @@ export class Authenticator {
       this.logger.debug('refused an unknown or revoked API key');
       throw new AuthenticationError('invalid', 'unknown or revoked API key');
     }
-    return { subject: `apikey:${key.name}`, roles: key.roles, via: 'apiKey', expiresAt: null };
+    return { subject: `apikey:${key.name}`, roles: key.roles, via: 'apiKey', expiresAt: null, keyHash: hashApiKey(secret) };
+  }
+
+  /**
+   * Whether a principal's credentials still hold, for what outlives one request (a graphql-ws
+   * socket, a running subscription over either transport): a JWT until its `exp`, an API key
+   * until it is revoked. true (not a promise) when nothing needs reading. An API key is looked up
+   * again at most once every RECHECK_MS, one lookup shared by every socket and stream of the key;
+   * a lookup that fails (database out of reach) counts as still valid: an outage must not sign
+   * everyone out.
+   */
+  stillValid(principal: Principal): true | Promise<boolean> {
+    if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) return Promise.resolve(false);
+    if (principal.via !== 'apiKey' || !principal.keyHash) return true;
+    const now = Date.now();
+    let check = this.keyChecks.get(principal.keyHash);
+    if (!check || now - check.at >= RECHECK_MS) {
+      const live = this.engine.findApiKey(principal.keyHash).then(
+        (key) => key !== null,
+        () => true,
+      );
+      this.keyChecks.delete(principal.keyHash);
+      this.keyChecks.set(principal.keyHash, (check = { at: now, live }));
+      if (this.keyChecks.size > 10_000) this.keyChecks.delete(this.keyChecks.keys().next().value!);
+    }
+    return check.live;
+  }
+
+  /** Forget every API key lookup: a key revoked here is found revoked at its next check. */
+  forgetKeyChecks(): void {
+    this.keyChecks.clear();
   }
 }
 

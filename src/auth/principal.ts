@@ -11,6 +11,8 @@ export interface Principal {
   via: 'jwt' | 'apiKey' | 'anonymous';
   /** When the credentials stop being valid (a JWT's `exp`); checked again on every new subscription of a socket. */
   expiresAt: Date | null;
+  /** An API key's hash (never its secret), to look the key up again while a socket or a stream lives (Authenticator.stillValid). */
+  keyHash?: string;
 }
 
 /** The principal of anonymous development mode: every power, identity as the caller says. */

@@ -63,10 +63,12 @@ builder.mutationFields((t) => ({
     type: RevokeApiKeyPayload,
     description: 'Revoke an API key: it stops working at once. Admins only.',
     args: { id: t.arg.id({ required: true }) },
-    resolve: (_root, { id }, { engine, principal }) =>
+    resolve: (_root, { id }, { engine, principal, credentialsChanged }) =>
       guard(async () => {
         requireAdmin(principal, 'revokeApiKey');
-        return { key: await engine.revokeApiKey(checkToken(String(id), 'API key id')) };
+        const key = await engine.revokeApiKey(checkToken(String(id), 'API key id'));
+        credentialsChanged?.();
+        return { key };
       }),
   }),
 }));

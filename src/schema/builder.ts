@@ -30,6 +30,8 @@ export interface Context {
    * went away): a subscription that waits for the database stops waiting then.
    */
   wanted: () => boolean;
+  /** After a revocation here: API keys are looked up afresh at their next check (open sockets, running streams). */
+  credentialsChanged?: () => void;
 }
 
 export const builder = new SchemaBuilder<{
