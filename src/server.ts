@@ -9,7 +9,7 @@ import type { Principal } from './auth/principal.js';
 import { useMutationRateLimit, type RateLimiter } from './auth/rateLimit.js';
 import type { CompletionHub } from './completionHub.js';
 import { useBodyLimit } from './edge/bodyLimit.js';
-import { corsOptions, useCrossSiteRequestPrevention } from './edge/crossSite.js';
+import { corsOptions, useCrossSiteRequestPrevention, webSocketOriginAllowed } from './edge/crossSite.js';
 import { useInputHygiene } from './edge/inputHygiene.js';
 import { useOneSubmissionPerOperation } from './edge/oneSubmission.js';
 import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
@@ -114,9 +114,13 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
     landingPage: false,
     // useBodyLimit below is the limit (and the cheaper one)
     maxRequestBodySize: false,
-    graphiql: graphiql ? { title: 'asyncproc', subscriptionsProtocol: 'WS' } : false,
+    // headers typed in (a JWT, an API key) stay in the tab's memory, never in localStorage (yoga's
+    // page persists them unless told not to); with authentication on, subscriptions go over SSE,
+    // which carries those headers on its HTTP request (graphql-ws would send them only in each
+    // subscribe message, after a connection_init without credentials, which is refused 4401)
+    graphiql: graphiql ? { title: 'asyncproc', subscriptionsProtocol: open ? 'WS' : 'SSE', shouldPersistHeaders: false } : false,
     renderGraphiQL,
-    cors: corsOptions(options.corsOrigins, !open),
+    cors: corsOptions(options.corsOrigins),
     logging: {
       debug: (...args) => logger.debug(args.join(' ')),
       info: (...args) => logger.info(args.join(' ')),
@@ -184,6 +188,11 @@ export async function startServer(options: ServerOptions & { port: number; host?
   const wss = new WebSocketServer({
     server,
     path: yoga.graphqlEndpoint,
+    // a page of another site may not open a socket (webSocketOriginAllowed): 403 before any message
+    verifyClient: ({ origin, req }: { origin?: string; req: IncomingMessage }, done: (allowed: boolean, status?: number, message?: string) => void) =>
+      webSocketOriginAllowed(origin, [headerOf(req, 'host') ?? undefined, headerOf(req, 'x-forwarded-host') ?? undefined], options.corsOrigins)
+        ? done(true)
+        : done(false, 403, 'this origin may not open a socket here (ASYNCPROC_CORS_ORIGINS)'),
     maxPayload: options.maxBodyBytes ?? 1024 * 1024,
     WebSocket: coalescingWrites(socketClass(options.logger)),
   });

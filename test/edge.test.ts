@@ -268,6 +268,31 @@ describe('cross-site requests', () => {
     assert.equal((await fetch(url, { headers: { accept: 'application/json' } })).status, 403);
     assert.equal((await fetch(url, { headers: { accept: 'application/json', 'x-asyncproc-csrf': '1' } })).status, 200);
   });
+
+  /** A graphql-ws upgrade with these headers: acknowledged, or refused (the HTTP status of a refused upgrade, or a close code). */
+  const upgrade = (url: string, headers: Record<string, string>, payload: Record<string, unknown> = {}) =>
+    new Promise<{ ack: boolean; status?: number; code?: number }>((resolve) => {
+      const socket = new WebSocket(url.replace(/^http/, 'ws'), 'graphql-transport-ws', { headers });
+      socket.on('unexpected-response', (_req, res) => (resolve({ ack: false, status: res.statusCode }), socket.terminate()));
+      socket.on('error', () => undefined);
+      socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload })));
+      socket.on('message', (data) => JSON.parse(String(data)).type === 'connection_ack' && (resolve({ ack: true }), socket.close()));
+      socket.on('close', (code) => resolve({ ack: false, code }));
+    });
+
+  it('with authentication off, a page of another site can neither read an answer (no CORS) nor open a socket; the service\'s own page and non-browser clients can', async () => {
+    const preflight = await fetch(t.url, { method: 'OPTIONS', headers: { origin: 'https://evil.example', 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } });
+    assert.equal(preflight.headers.get('access-control-allow-origin'), null);
+    assert.equal(preflight.headers.get('access-control-allow-credentials'), null);
+    const before = await total('demo.record');
+    assert.deepEqual(await upgrade(t.url, { origin: 'https://evil.example' }), { ack: false, status: 403 });
+    assert.deepEqual(await upgrade(t.url, { origin: 'null' }), { ack: false, status: 403 }, 'an opaque origin (sandboxed frame, data: URL)');
+    assert.equal(await total('demo.record'), before);
+    const own = new URL(t.url);
+    assert.deepEqual(await upgrade(t.url, { origin: own.origin }), { ack: true }, "the service's own pages (dashboard, GraphiQL)");
+    assert.deepEqual(await upgrade(t.url, { origin: 'https://asyncproc.example.com', 'x-forwarded-host': 'asyncproc.example.com' }), { ack: true }, 'behind a proxy that names the host it was asked for');
+    assert.deepEqual(await upgrade(t.url, {}), { ack: true }, 'a client that is not a browser sends no Origin');
+  });
 });
 
 describe('subscriptions per graphql-ws connection', () => {
@@ -361,6 +386,7 @@ describe('odd input is bad input: a code, nothing changed, no stack in the log',
 describe('production defaults', () => {
   let closed: RunningServer;
   let open: RunningServer;
+  let base: Parameters<typeof startServer>[0];
   const post = async (server: RunningServer, query: string, variables?: unknown) => {
     const response = await fetch(server.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ query, variables }) });
     return { status: response.status, text: await response.text() };
@@ -368,7 +394,7 @@ describe('production defaults', () => {
   before(async () => {
     // the defaults follow authRequired; the requests themselves need no credentials here
     const auth = new Authenticator({ mode: 'none', jwt: null }, t.app.engine, log.logger);
-    const base = { engine: t.app.engine, hub: t.app.hub!, logger: log.logger, limits: { maxCalls: 10, maxArgumentBytes: 1000 }, port: 0, host: '127.0.0.1', auth };
+    base = { engine: t.app.engine, hub: t.app.hub!, logger: log.logger, limits: { maxCalls: 10, maxArgumentBytes: 1000 }, port: 0, host: '127.0.0.1', auth };
     closed = await startServer({ ...base, authRequired: true });
     open = await startServer({ ...base, authRequired: true, introspection: true, suggestions: true, graphiql: true, corsOrigins: ['https://app.example.com'] });
   });
@@ -398,11 +424,51 @@ describe('production defaults', () => {
   it('each can be turned on; CORS admits the configured origins only', async () => {
     assert.equal(JSON.parse((await post(open, '{ __schema { queryType { name } } }')).text).data.__schema.queryType.name, 'Query');
     assert.match(JSON.parse((await post(open, '{ executionz { totalCount } }')).text).errors[0].message, /Did you mean "execution" or "executions"\?/);
-    assert.match(await (await fetch(open.url, { headers: { accept: 'text/html' } })).text(), /graphiql/i);
+    const page = await (await fetch(open.url, { headers: { accept: 'text/html' } })).text();
+    assert.match(page, /graphiql/i);
+    // with authentication on, its subscriptions go over SSE (the typed headers ride on the request) and it keeps no header
+    assert.match(page, /"subscriptionsProtocol":"SSE"/);
+    assert.match(page, /"shouldPersistHeaders":false/);
     const preflight = (origin: string) =>
       fetch(open.url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type' } });
     assert.equal((await preflight('https://app.example.com')).headers.get('access-control-allow-origin'), 'https://app.example.com');
     assert.notEqual((await preflight('https://evil.example')).headers.get('access-control-allow-origin'), 'https://evil.example');
+  });
+
+  it('with several origins listed, an unlisted one (and the opaque origin "null") gets no CORS headers at all; a listed one gets its own, with credentials', async () => {
+    const several = await startServer({ ...base, authRequired: true, corsOrigins: ['https://app.example.com', 'https://admin.example.com'] });
+    try {
+      const preflight = (origin: string) =>
+        fetch(several.url, { method: 'OPTIONS', headers: { origin, 'access-control-request-method': 'POST', 'access-control-request-headers': 'content-type, authorization' } });
+      for (const origin of ['null', 'https://evil.example']) {
+        const answer = await preflight(origin);
+        assert.equal(answer.headers.get('access-control-allow-origin'), null, origin);
+        assert.equal(answer.headers.get('access-control-allow-credentials'), null, origin);
+      }
+      const admin = await preflight('https://admin.example.com');
+      assert.equal(admin.headers.get('access-control-allow-origin'), 'https://admin.example.com');
+      assert.equal(admin.headers.get('access-control-allow-credentials'), 'true');
+    } finally {
+      await several.close();
+    }
+  });
+
+  it('a page of an unlisted origin cannot open a socket even with credentials on its upgrade (a proxy that turns a cookie into Authorization); a listed one can', async () => {
+    const cookieProxy = { authorization: `ApiKey apk_${'x'.repeat(43)}` };
+    const refused = await new Promise<number | undefined>((resolve) => {
+      const socket = new WebSocket(open.url.replace(/^http/, 'ws'), 'graphql-transport-ws', { headers: { origin: 'https://sibling.example.com', ...cookieProxy } });
+      socket.on('unexpected-response', (_req, res) => (resolve(res.statusCode), socket.terminate()));
+      socket.on('error', () => undefined);
+      socket.on('open', () => (resolve(undefined), socket.close()));
+    });
+    assert.equal(refused, 403);
+    const listed = await new Promise<boolean>((resolve) => {
+      const socket = new WebSocket(open.url.replace(/^http/, 'ws'), 'graphql-transport-ws', { headers: { origin: 'https://app.example.com' } });
+      socket.on('unexpected-response', () => (resolve(false), socket.terminate()));
+      socket.on('error', () => undefined);
+      socket.on('open', () => (resolve(true), socket.close()));
+    });
+    assert.equal(listed, true, 'the upgrade of a listed origin is accepted (its credentials are checked at connection_init)');
   });
 
   it('in development mode too, an unexpected error carries no stack or SQL text; the log keeps it', async () => {

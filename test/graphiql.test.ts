@@ -125,6 +125,14 @@ describe('GraphiQL with no internet', () => {
     await run(page);
     assert.equal((await (await request).allHeaders()).authorization, 'Bearer typed-in-graphiql');
     await resultShows(page, '"procedures"', '"name": "demo.add"');
+    // a credential typed in stays in the tab: nothing of it in localStorage, which outlives the tab
+    // (GraphiQL saves its state a moment after an edit, and as the page goes)
+    await page.waitForTimeout(1_000);
+    await page.reload();
+    await page.waitForSelector(QUERY_EDITOR, { timeout: 30_000 });
+    const stored = await page.evaluate(() => JSON.stringify(Object.entries(localStorage)));
+    assert.ok(stored.includes('graphiql'), 'GraphiQL keeps its tabs there');
+    assert.ok(!stored.includes('typed-in-graphiql'), stored);
     await page.context().close();
   });
 

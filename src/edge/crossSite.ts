@@ -28,17 +28,43 @@ export function useCrossSiteRequestPrevention(): Plugin {
 }
 
 /**
- * CORS: the listed origins (`*`: any); with none listed, closed (no CORS headers, so a browser on another
- * origin can neither preflight nor read an answer) once authentication is required, yoga's default otherwise.
+ * CORS: the listed origins (`*`: any, without credentials); with none listed, closed — no CORS
+ * headers, so a browser page of another origin can neither preflight nor read an answer —
+ * whether or not authentication is on (with it off, every caller is an administrator: a page
+ * of any site the user visits would otherwise drive the service). Decided per request: an
+ * origin not listed gets no CORS headers at all (a list given to yoga as is answers an unlisted
+ * origin with `Access-Control-Allow-Origin: null` and credentials, which a sandboxed or
+ * data: document, whose origin is `null`, matches).
  */
-export function corsOptions(origins: readonly string[] | undefined, authRequired: boolean): YogaServerOptions<object, object>['cors'] {
-  if (origins === undefined) return authRequired ? false : undefined;
-  if (origins.length === 0) return false;
-  return {
-    origin: origins.includes('*') ? '*' : [...origins],
-    methods: ['GET', 'POST'],
-    allowedHeaders: ['content-type', 'accept', 'authorization', 'x-asyncproc-csrf', 'last-event-id'],
-    credentials: !origins.includes('*'),
-    maxAge: 600,
+export function corsOptions(origins: readonly string[] | undefined): YogaServerOptions<object, object>['cors'] {
+  if (!origins?.length) return false;
+  const any = origins.includes('*');
+  const listed = new Set(origins);
+  const answer = { methods: ['GET', 'POST'], allowedHeaders: ['content-type', 'accept', 'authorization', 'x-asyncproc-csrf', 'last-event-id'], maxAge: 600 };
+  return (request: Request) => {
+    const origin = request.headers.get('origin');
+    if (any) return { ...answer, origin: '*', credentials: false };
+    if (origin === null || !listed.has(origin)) return false;
+    return { ...answer, origin: [origin], credentials: true };
   };
+}
+
+/**
+ * Whether a browser page of `origin` may open a graphql-ws socket (browsers send Origin on
+ * every WebSocket upgrade, and no CORS applies to it): none (not a browser), the service's own
+ * origin (the Host the request names, or the X-Forwarded-Host a proxy in front adds), or one of
+ * ASYNCPROC_CORS_ORIGINS (`*`: any). A page of another site is refused even without
+ * credentials of its own: behind a proxy that turns a cookie into an Authorization header, or
+ * with authentication off, the socket would act for the user.
+ */
+export function webSocketOriginAllowed(origin: string | undefined, hosts: readonly (string | undefined)[], origins: readonly string[] | undefined): boolean {
+  if (origin === undefined) return true;
+  if (origins?.includes('*') || origins?.includes(origin)) return true;
+  let host: string;
+  try {
+    host = new URL(origin).host;
+  } catch {
+    return false;
+  }
+  return hosts.some((candidate) => candidate !== undefined && candidate.split(',')[0].trim().toLowerCase() === host.toLowerCase());
 }
