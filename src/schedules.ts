@@ -8,18 +8,44 @@ import { Cron } from 'croner';
 import { EngineError, type Schedule, type ScheduleChange, type ScheduleInput } from './engine.js';
 
 /**
- * A fire later than this after its instant counts as missed (the service was down), as
- * does one whose following instant has passed too; missed fires collapse into one fire
- * (catch-up ONCE) or none (SKIP). @default 60 s
+ * A fire later than this after its instant counts as missed (the service was down, or far
+ * behind); missed fires collapse into one fire (catch-up ONCE) or none (SKIP). A fire within it
+ * is on time, however many of the schedule's instants it is late by: each of them fires in
+ * turn (a tick that comes late, 250 schedules due at once). @default 60 s
  */
 export const MISFIRE_GRACE_MS = 60_000;
 
 /** Schedule names: 1–128 of A-Z a-z 0-9 _ . : - (as queue names). */
 export const SCHEDULE_NAME = /^[A-Za-z0-9_.:-]{1,128}$/;
 
+/**
+ * Vixie cron's rule for the day fields: a day matches both day-of-month and day-of-week when
+ * either field starts with `*` (a day-of-month of every other day from `*`, and 1-5 as
+ * day-of-week: odd-numbered weekdays), and either of them
+ * when both are restricted (`0 9 1,15 * 1`: the 1st, the 15th and Mondays). croner's default
+ * is either, always.
+ */
+function daysTogether(cron: string): boolean {
+  const fields = cron.trim().split(/\s+/);
+  if (fields.length < 5) return false; // a nickname (@daily, …)
+  const [dayOfMonth, , dayOfWeek] = fields.slice(-3);
+  return /^[*?]/.test(dayOfMonth) || /^[*?]/.test(dayOfWeek);
+}
+
 function cronOf(cron: string, timezone: string): Cron {
-  // standard five fields, or six with seconds first; day-of-month OR day-of-week as in Vixie cron
-  return new Cron(cron, { timezone, mode: '5-or-6-parts', paused: true });
+  return new Cron(cron, {
+    timezone,
+    // standard five fields, or six with seconds first
+    mode: '5-or-6-parts',
+    paused: true,
+    domAndDow: daysTogether(cron),
+    // daylight saving as Vixie cron treats it: a job whose seconds, minutes and hours have no
+    // wildcard and no step (a list or a range included: `30 2,14 * * *`) is a fixed-time job, run
+    // at the first valid time after a spring-forward gap and once when a fall-back repeats its
+    // time; croner's default counts only single values, so `30 2,14` ran twice on the fall-back
+    // night and not at all on the spring-forward one
+    fixedTimeRule: 'no-wildcard',
+  });
 }
 
 /** BAD_USER_INPUT unless `timezone` is an IANA time zone (or UTC) this runtime knows. */
@@ -69,13 +95,37 @@ export interface PlannedFire {
 }
 
 /**
- * Plan a due schedule's fire at `now`. The next instant is the first after `now` (not after
- * `due`): however many instants passed while nothing ran, one fire stands for them all.
+ * Plan a due schedule's fire at `now`. On time (within MISFIRE_GRACE_MS of its instant) the
+ * next instant is the one after `due`, so that every instant fires once, each in turn, also
+ * when the fire comes an instant or more late; missed, it is the first after `now`: however
+ * many instants passed while nothing ran, one fire (or none) stands for them all.
  */
 export function planFire(schedule: DueSchedule, now: Date): PlannedFire {
-  const following = nextRunAfter(schedule.cron, schedule.timezone, schedule.nextRunAt);
-  const missed = now.getTime() - schedule.nextRunAt.getTime() > MISFIRE_GRACE_MS || (following !== null && following <= now);
-  return { name: schedule.name, due: schedule.nextRunAt, next: nextRunAfter(schedule.cron, schedule.timezone, now), missed };
+  const missed = now.getTime() - schedule.nextRunAt.getTime() > MISFIRE_GRACE_MS;
+  return { name: schedule.name, due: schedule.nextRunAt, next: nextRunAfter(schedule.cron, schedule.timezone, missed ? now : schedule.nextRunAt), missed };
+}
+
+/** Rounds of fires one tick makes at most while due schedules remain (a full page, or instants a late tick left due). */
+export const FIRE_ROUNDS = 10;
+/** Due schedules one round reads and fires at most. */
+export const FIRE_PAGE = 100;
+
+/**
+ * Fire rounds until nothing is left due that this process can fire now: a round that read a
+ * full page, or planned a next instant already due, is followed by another, up to FIRE_ROUNDS
+ * (what is left waits for the next tick); a round that fired nothing ends it (what it read is
+ * being fired by another process).
+ */
+export async function fireRounds<T>(round: (now: Date) => Promise<{ planned: PlannedFire[]; read: number; fired: T[] }>, clock: () => Date = () => new Date()): Promise<T[]> {
+  const fired: T[] = [];
+  for (let i = 0; i < FIRE_ROUNDS; i++) {
+    const now = clock();
+    const result = await round(now);
+    fired.push(...result.fired);
+    const behind = result.planned.some((fire) => fire.next !== null && fire.next <= now);
+    if (!result.fired.length || (result.read < FIRE_PAGE && !behind)) break;
+  }
+  return fired;
 }
 
 /** A schedule's row, as both engines store it (arguments parsed). */

@@ -24,6 +24,32 @@ describe('next run (croner)', () => {
     assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-10-24T12:00:00Z')), at('2026-10-25T00:30:00Z'));
     assert.deepEqual(nextRunAfter('30 2 * * *', 'Europe/Berlin', at('2026-10-25T00:30:00Z')), at('2026-10-26T01:30:00Z'));
   });
+  it('treats a list or a range of hours as fixed times across daylight saving, as Vixie cron does: once on the fall-back night, at 03:00 on the spring-forward one', () => {
+    // 2026-10-25 Europe/Berlin: 02:30 happens twice (00:30Z in CEST, 01:30Z in CET)
+    assert.deepEqual(nextRunAfter('30 2,14 * * *', 'Europe/Berlin', at('2026-10-24T13:00:00Z')), at('2026-10-25T00:30:00Z'));
+    assert.deepEqual(nextRunAfter('30 2,14 * * *', 'Europe/Berlin', at('2026-10-25T00:30:00Z')), at('2026-10-25T13:30:00Z'), 'not again at 01:30Z');
+    assert.deepEqual(nextRunAfter('0 2-3 * * *', 'Europe/Berlin', at('2026-10-25T00:00:00Z')), at('2026-10-25T02:00:00Z'), '02:00 once (00:00Z), then 03:00 CET');
+    // 2026-03-29: 02:30 does not exist; it runs at 03:00 CEST (01:00Z)
+    assert.deepEqual(nextRunAfter('30 2,14 * * *', 'Europe/Berlin', at('2026-03-28T20:00:00Z')), at('2026-03-29T01:00:00Z'));
+    // a step is an interval job still: every 30 minutes skips the gap
+    assert.deepEqual(nextRunAfter('*/30 * * * *', 'Europe/Berlin', at('2026-03-29T00:45:00Z')), at('2026-03-29T01:00:00Z'));
+  });
+
+  it('matches day-of-month AND day-of-week when either starts with *, either of them when both are restricted (Vixie cron)', () => {
+    // every other day of the month from the 1st, Monday to Friday: odd-numbered weekdays only
+    const runs: string[] = [];
+    let after = at('2026-11-01T00:00:00Z');
+    for (let i = 0; i < 6; i++) {
+      after = nextRunAfter('0 9 */2 * 1-5', 'UTC', after)!;
+      runs.push(after.toISOString().slice(0, 10));
+    }
+    // November 2026: the 1st is a Sunday
+    assert.deepEqual(runs, ['2026-11-03', '2026-11-05', '2026-11-09', '2026-11-11', '2026-11-13', '2026-11-17']);
+    // both restricted: the 1st or the 15th, or any Monday
+    assert.deepEqual(nextRunAfter('0 9 1,15 * 1', 'UTC', at('2026-11-01T10:00:00Z')), at('2026-11-02T09:00:00Z'), 'Monday the 2nd');
+    assert.deepEqual(nextRunAfter('0 9 1,15 * 1', 'UTC', at('2026-11-09T10:00:00Z')), at('2026-11-15T09:00:00Z'), 'Sunday the 15th');
+  });
+
   it('reads six fields as seconds first', () => {
     assert.deepEqual(nextRunAfter('*/10 * * * * *', 'UTC', at('2026-01-01T00:00:01Z')), at('2026-01-01T00:00:10Z'));
   });
@@ -38,6 +64,13 @@ describe('next run (croner)', () => {
     const late = planFire(schedule, at('2026-01-01T03:07:30Z'));
     assert.equal(late.missed, true);
     assert.deepEqual(late.next, at('2026-01-01T03:08:00Z'), 'the next instant after now, not one per missed minute');
+  });
+
+  it('a fire an instant or two late, within the grace, is on time and moves to the following instant: each instant fires in turn', () => {
+    const schedule = { name: 's', cron: '* * * * * *', timezone: 'UTC', nextRunAt: at('2026-01-01T00:00:10Z') };
+    const fire = planFire(schedule, at('2026-01-01T00:00:12.400Z'));
+    assert.equal(fire.missed, false, 'a tick 2.4 s late loses nothing');
+    assert.deepEqual(fire.next, at('2026-01-01T00:00:11Z'), 'the instant after this one, due already: fired next');
   });
 });
 
@@ -66,6 +99,34 @@ describe('schedules on PostgreSQL', () => {
       )
     ).rows;
 
+  it('150 schedules due at one instant all fire in one tick, and a tick that comes an instant late fires the instant it missed too: none lost', async () => {
+    const names = Array.from({ length: 150 }, (_, i) => `many-${i}`);
+    for (const name of names) await engine.createSchedule({ name, procedure: 'demo.noop', arguments: {}, cron: '*/2 * * * * *', catchUp: 'SKIP' });
+    try {
+      // all due at one even second T, a few seconds back (within the grace)
+      const t0 = new Date(Math.floor(Date.now() / 2000) * 2000 - 4000);
+      await sql.query(`update asyncproc.schedules set next_run_at = $1 where name = any($2)`, [t0, names]);
+      // one tick, 1.5 s after T: every schedule's T (more than one page of them)
+      const first = await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 1500));
+      assert.equal(first.length, 150);
+      // the next tick comes 2.6 s after T + 2: T + 2 and T + 4 are both due, and both fire
+      const second = await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 4600));
+      assert.equal(second.length, 300);
+      const { rows } = await sql.query<{ name: string; instants: string[] }>(
+        `select schedule_name as name, array_agg(run_at order by run_at)::text[] as instants
+           from asyncproc.executions where schedule_name = any($1) group by schedule_name`,
+        [names],
+      );
+      assert.equal(rows.length, 150);
+      const expected = [0, 2000, 4000].map((ms) => new Date(t0.getTime() + ms).getTime());
+      for (const row of rows) {
+        assert.deepEqual(row.instants.map((text) => new Date(text).getTime()), expected, `${row.name}: each instant once`);
+      }
+    } finally {
+      for (const name of names) await engine.deleteSchedule(name);
+    }
+  });
+
   it('fires each instant exactly once while several processes race to fire it', async () => {
     const others = Array.from({ length: 2 }, () => createPostgresEngine({ connectionString: url, tickMs: 50 }));
     const name = 'race';
@@ -78,7 +139,7 @@ describe('schedules on PostgreSQL', () => {
       const deadline = Date.now() + 4000;
       while (Date.now() < deadline) {
         const now = new Date();
-        await Promise.all(others.flatMap((other) => Array.from({ length: 4 }, () => fireDueSchedules(other.pool, now))));
+        await Promise.all(others.flatMap((other) => Array.from({ length: 4 }, () => fireDueSchedules(other.pool, () => now))));
         await sleep(100);
       }
     } finally {
@@ -157,14 +218,16 @@ describe('schedules on PostgreSQL', () => {
   });
 
   for (const catchUp of ['ONCE', 'SKIP'] as const) {
-    it(`an instant missed while stopped fires ${catchUp === 'ONCE' ? 'once' : 'not at all'} at restart (catchUp ${catchUp})`, async () => {
+    it(`instants missed while stopped (past the misfire grace) fire ${catchUp === 'ONCE' ? 'once' : 'not at all'} at restart (catchUp ${catchUp})`, async () => {
       const name = `stopped-${catchUp}`;
       let activator = await engine.startActivator({ workerId: 'stopped' });
       await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *', catchUp });
       await waitFor(async () => (await firesPerInstant(name)).length >= 1, 10_000, 'a first fire');
       await activator.close();
-      const stoppedAt = (await engine.getSchedule(name))!.nextRunAt!;
-      await sleep(3500); // three instants or more pass with nothing running
+      const before = new Set((await firesPerInstant(name)).map((f) => f.run_at.getTime()));
+      // stopped for longer than MISFIRE_GRACE_MS: its due instant as it would be 90 s after the stop
+      const stoppedAt = new Date(Math.floor(Date.now() / 1000) * 1000 - 90_000);
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = $2', [stoppedAt, name]);
       const restartedAt = new Date();
       activator = await engine.startActivator({ workerId: 'stopped' });
       try {
@@ -173,7 +236,7 @@ describe('schedules on PostgreSQL', () => {
       } finally {
         await activator.close();
       }
-      const missed = (await firesPerInstant(name)).filter((f) => f.run_at >= stoppedAt && f.run_at < restartedAt);
+      const missed = (await firesPerInstant(name)).filter((f) => !before.has(f.run_at.getTime()) && f.run_at < restartedAt);
       assert.deepEqual(
         missed.map((f) => ({ at: f.run_at.toISOString(), n: f.n })),
         catchUp === 'ONCE' ? [{ at: stoppedAt.toISOString(), n: 1 }] : [],
@@ -184,13 +247,35 @@ describe('schedules on PostgreSQL', () => {
     });
   }
 
+  it('instants passed during a short stop (within the misfire grace) each fire once at restart: a restart loses nothing', async () => {
+    const name = 'short-stop';
+    let activator = await engine.startActivator({ workerId: 'short-stop' });
+    await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '* * * * * *', catchUp: 'SKIP' });
+    try {
+      await waitFor(async () => (await firesPerInstant(name)).length >= 1, 10_000, 'a first fire');
+      await activator.close();
+      const stoppedAt = (await engine.getSchedule(name))!.nextRunAt!;
+      await sleep(3500); // three instants or more pass with nothing running
+      const restartedAt = new Date();
+      activator = await engine.startActivator({ workerId: 'short-stop' });
+      await waitFor(async () => (await engine.getSchedule(name))!.nextRunAt! > restartedAt, 10_000, 'the schedule to catch up');
+      const fires = (await firesPerInstant(name)).filter((f) => f.run_at >= stoppedAt && f.run_at < restartedAt);
+      const expected: number[] = [];
+      for (let at = stoppedAt.getTime(); at < restartedAt.getTime(); at += 1000) expected.push(at);
+      assert.deepEqual(fires.map((f) => [f.run_at.getTime(), f.n]), expected.map((at) => [at, 1]), 'every instant of the stop, once each');
+    } finally {
+      await activator.close();
+      await engine.deleteSchedule(name);
+    }
+  });
+
   it('a fire of a procedure unregistered since fails visibly, as a FAILED execution of the schedule', async () => {
     await sql.query(`create procedure public.gone(x integer) language plpgsql as $$ begin end $$`);
     await engine.registerProcedure('public.gone');
     const name = 'gone';
     const schedule = await engine.createSchedule({ name, procedure: 'public.gone', arguments: { x: 1 }, cron: '0 0 1 1 *' });
     await engine.unregisterProcedure('public.gone');
-    const fired = await fireDueSchedules(engine.pool, new Date(schedule.nextRunAt!.getTime() + 1000));
+    const fired = await fireDueSchedules(engine.pool, () => new Date(schedule.nextRunAt!.getTime() + 1000));
     assert.equal(fired.length, 1);
     const page = await engine.listExecutions({ schedule: name }, { first: 10 });
     assert.deepEqual(

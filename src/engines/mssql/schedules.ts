@@ -13,10 +13,13 @@ import {
   checkCron,
   checkScheduleName,
   completeScheduleInput,
+  FIRE_PAGE,
+  fireRounds,
   nextRunAfter,
   planFire,
   toSchedule,
   type CompleteScheduleInput,
+  type PlannedFire,
   type ScheduleRow,
 } from '../../schedules.js';
 import { errorNumber, mapDatabaseError } from './errors.js';
@@ -153,17 +156,26 @@ export async function deleteSchedule(pool: sql.ConnectionPool, name: string): Pr
 }
 
 /** Plan every due schedule's fire with croner, then fire each (usp_AsyncExecFireSchedule: its own transaction). Returns the ids of the calls started. */
-export async function fireDueSchedules(pool: sql.ConnectionPool, now: Date = new Date()): Promise<string[]> {
+export async function fireDueSchedules(pool: sql.ConnectionPool, clock: () => Date = () => new Date()): Promise<string[]> {
+  const failed: Error[] = [];
+  const started = await fireRounds((now) => fireRound(pool, now, failed), clock);
+  if (failed.length) throw new AggregateError(failed, failed.map((e) => e.message).join('; '));
+  return started;
+}
+
+/** One round of fireDueSchedules: the due schedules of one page, each fired in its own transaction. */
+async function fireRound(pool: sql.ConnectionPool, now: Date, failed: Error[]): Promise<{ planned: PlannedFire[]; read: number; fired: string[] }> {
   const due = await pool.request().input('now', sql.DateTime2(3), now).query<{ name: string; cron: string; timezone: string; next_run_at: Date }>(
-    `SELECT TOP (100) name, cron, timezone, next_run_at FROM asyncexec.AsyncExecSchedules
+    `SELECT TOP (${FIRE_PAGE}) name, cron, timezone, next_run_at FROM asyncexec.AsyncExecSchedules
       WHERE paused = 0 AND next_run_at <= @now ORDER BY next_run_at`,
   );
   const started: string[] = [];
-  const failed: Error[] = [];
+  const planned: PlannedFire[] = [];
   for (const row of due.recordset) {
     // one schedule that cannot fire (a deadlock victim, say) holds up no other; it is tried again next round
     try {
       const fire = planFire({ name: row.name, cron: row.cron, timezone: row.timezone, nextRunAt: row.next_run_at }, now);
+      planned.push(fire);
       const result = await pool
         .request()
         .input('name', sql.NVarChar(128), fire.name)
@@ -179,8 +191,7 @@ export async function fireDueSchedules(pool: sql.ConnectionPool, now: Date = new
       failed.push(new Error(`schedule "${row.name}" did not fire: ${toError(error).message}`, { cause: error }));
     }
   }
-  if (failed.length) throw new AggregateError(failed, failed.map((e) => e.message).join('; '));
-  return started;
+  return { planned, read: due.recordset.length, fired: started };
 }
 
 /** Fires due schedules every `periodMs` until closed; a failed round is logged and tried again on the next. */

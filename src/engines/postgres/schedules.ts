@@ -5,6 +5,8 @@ import {
   changedSchedule,
   checkScheduleName,
   completeScheduleInput as complete,
+  FIRE_PAGE,
+  fireRounds,
   nextRunAfter,
   planFire,
   toSchedule,
@@ -146,20 +148,22 @@ export async function getSchedule(pool: pg.Pool, name: string): Promise<Schedule
  * the call in one transaction, exactly once however many processes race). Returns the
  * executions started (or failed at once, for a procedure gone since).
  */
-export async function fireDueSchedules(pool: pg.Pool, now: Date = new Date()): Promise<Execution[]> {
-  const { rows: due } = await pool.query<{ name: string; cron: string; timezone: string; next_run_at: Date }>(
-    `select name, cron, timezone, next_run_at from asyncproc.schedules
-      where not paused and next_run_at <= $1 order by next_run_at limit 100`,
-    [now],
-  );
-  if (!due.length) return [];
-  const fires = due.map((row) => {
-    const schedule: DueSchedule = { name: row.name, cron: row.cron, timezone: row.timezone, nextRunAt: row.next_run_at };
-    return planFire(schedule, now);
-  });
-  const { rows } = await pool.query<ExecutionRow>(
-    `select ${EXECUTION_COLUMNS} from asyncproc.fire_due_schedules($1, $2::jsonb) e`,
-    [now, JSON.stringify(fires)],
-  );
-  return rows.map(toExecution);
+export async function fireDueSchedules(pool: pg.Pool, clock: () => Date = () => new Date()): Promise<Execution[]> {
+  return fireRounds(async (now) => {
+    const { rows: due } = await pool.query<{ name: string; cron: string; timezone: string; next_run_at: Date }>(
+      `select name, cron, timezone, next_run_at from asyncproc.schedules
+        where not paused and next_run_at <= $1 order by next_run_at limit ${FIRE_PAGE}`,
+      [now],
+    );
+    if (!due.length) return { planned: [], read: 0, fired: [] };
+    const planned = due.map((row) => {
+      const schedule: DueSchedule = { name: row.name, cron: row.cron, timezone: row.timezone, nextRunAt: row.next_run_at };
+      return planFire(schedule, now);
+    });
+    const { rows } = await pool.query<ExecutionRow>(
+      `select ${EXECUTION_COLUMNS} from asyncproc.fire_due_schedules($1, $2::jsonb) e`,
+      [now, JSON.stringify(planned)],
+    );
+    return { planned, read: due.length, fired: rows.map(toExecution) };
+  }, clock);
 }
