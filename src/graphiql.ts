@@ -99,6 +99,19 @@ export function useGraphiQLAssets(enabled = true): Plugin {
       if (!url.pathname.startsWith(GRAPHIQL_ASSETS_PATH)) return;
       return assetResponse(request, url.pathname.slice(GRAPHIQL_ASSETS_PATH.length), fetchAPI.Response).then(endResponse);
     },
+    // the page itself: no other site may frame it (a click-jacked GraphiQL runs the mutations
+    // typed into it, with the headers typed in), its type is not sniffed, and no address of it
+    // leaves as a referrer. Its scripts are left to the page (GraphiQL's editor builds styles
+    // and workers at run time), unlike the dashboard's whole policy.
+    onResponse({ response }) {
+      // (a page with a policy of its own, the dashboard's, keeps it)
+      if (!/^text\/html\b/.test(response.headers.get('content-type') ?? '') || response.headers.has('content-security-policy')) return;
+      response.headers.set('content-security-policy', "frame-ancestors 'none'; base-uri 'none'; form-action 'none'");
+      response.headers.set('x-frame-options', 'DENY');
+      response.headers.set('x-content-type-options', 'nosniff');
+      response.headers.set('referrer-policy', 'no-referrer');
+      response.headers.set('cache-control', 'no-store');
+    },
   };
 }
 

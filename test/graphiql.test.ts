@@ -113,6 +113,15 @@ describe('GraphiQL with no internet', () => {
     );
     assert.deepEqual(errors, []);
     await page.context().close();
+    // no other site may frame it; its type is not sniffed; it is not kept
+    const response = await fetch(`${origin}/graphql`, { headers: { accept: 'text/html' } });
+    assert.match(response.headers.get('content-security-policy') ?? '', /frame-ancestors 'none'/);
+    assert.equal(response.headers.get('x-frame-options'), 'DENY');
+    assert.equal(response.headers.get('x-content-type-options'), 'nosniff');
+    assert.equal(response.headers.get('cache-control'), 'no-store');
+    // the dashboard keeps its own, stricter policy
+    const dashboard = await fetch(`${origin}/dashboard/`);
+    assert.match(dashboard.headers.get('content-security-policy') ?? '', /default-src 'none'/);
   });
 
   it('runs a typed query over HTTP with the headers typed in the headers editor', async () => {
