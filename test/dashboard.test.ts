@@ -171,6 +171,14 @@ describe('the dashboard with no internet', () => {
     assert.deepEqual(errors, []);
     await page.context().close();
   });
+
+  it('a link cut short in its percent-encoding still shows a page (the menu and a view), not a blank one', async () => {
+    const { page, errors } = await open(t, '#/execution/%E0%A4%A');
+    await page.locator('main.page .card, main.page .note').first().waitFor({ timeout: 30_000 });
+    await page.getByRole('link', { name: /executions/i }).first().waitFor();
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
 });
 
 describe('following work live', () => {
