@@ -127,6 +127,24 @@ describe('schedules on PostgreSQL', () => {
     }
   });
 
+  it('overlap SKIP: a schedule deleted and made again under its name waits for the call the old one started', async () => {
+    const name = 'recreated';
+    const make = () => engine.createSchedule({ name, procedure: 'demo.sleep', arguments: { seconds: 5 }, cron: '* * * * * *', overlap: 'SKIP' });
+    const dueAt = async (at: Date) => sql.query('update asyncproc.schedules set next_run_at = $1 where name = $2', [at, name]);
+    const t0 = new Date(Math.floor(Date.now() / 1000) * 1000 - 3000);
+    await make();
+    await dueAt(t0);
+    const [first] = await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 500));
+    assert.ok(first, 'the first fire starts a call (no worker here: it stays unfinished)');
+    await engine.deleteSchedule(name);
+    await make();
+    await dueAt(new Date(t0.getTime() + 1000));
+    assert.deepEqual(await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 1500)), [], 'passed over: the old call has not ended');
+    await engine.cancelExecution(first.token);
+    assert.equal((await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 2500))).length, 1, 'it fires again once that call ended');
+    await engine.deleteSchedule(name);
+  });
+
   it('fires each instant exactly once while several processes race to fire it', async () => {
     const others = Array.from({ length: 2 }, () => createPostgresEngine({ connectionString: url, tickMs: 50 }));
     const name = 'race';

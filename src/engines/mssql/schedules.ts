@@ -79,10 +79,13 @@ export async function createSchedule(pool: sql.ConnectionPool, input: ScheduleIn
     const result = await scheduleInputs(pool.request(), s)
       .input('createdBy', sql.NVarChar(256), input.createdBy ?? null)
       .query<StoredRow>(
+        // last_execution_id: the newest call of a schedule of this name deleted before, so that overlap SKIP
+        // waits for a call it started that still runs (IX_AsyncExecResults_schedule: one entry read)
         `INSERT asyncexec.AsyncExecSchedules (name, [procedure], arguments, cron, timezone, queue, max_attempts, overlap, catch_up,
-                                              next_run_at, created_by)
+                                              next_run_at, created_by, last_execution_id)
          OUTPUT ${columns('inserted.')}
-         VALUES (@name, @procedure, @arguments, @cron, @timezone, @queue, @maxAttempts, @overlap, @catchUp, @nextRunAt, @createdBy)`,
+         VALUES (@name, @procedure, @arguments, @cron, @timezone, @queue, @maxAttempts, @overlap, @catchUp, @nextRunAt, @createdBy,
+                 (SELECT MAX(r.id) FROM asyncexec.AsyncExecResults AS r WHERE r.schedule_name = @name))`,
       );
     return fromRow(result.recordset[0]);
   } catch (error) {

@@ -63,9 +63,12 @@ export async function createSchedule(pool: pg.Pool, input: ScheduleInput): Promi
     await dryRun(client, s);
     const { rows } = await client
       .query<ScheduleRow>(
+        // last_execution_id: the newest call of a schedule of this name deleted before, so that overlap SKIP
+        // waits for a call it started that still runs (by the index on (schedule_name, id): one entry read)
         `insert into asyncproc.schedules (name, procedure, arguments, cron, timezone, queue, max_attempts, overlap, catch_up,
-                                          next_run_at, created_by)
-         values ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, $9, $10, $11) returning *`,
+                                          next_run_at, created_by, last_execution_id)
+         values ($1, $2, $3::jsonb, $4, $5, $6, $7, $8, $9, $10, $11,
+                 (select max(e.id) from asyncproc.executions e where e.schedule_name = $1)) returning *`,
         [s.name, s.procedure, JSON.stringify(s.arguments), s.cron, s.timezone, s.queue, s.maxAttempts, s.overlap, s.catchUp,
           nextRunAfter(s.cron, s.timezone, new Date()), input.createdBy ?? null],
       )
