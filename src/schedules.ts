@@ -78,6 +78,17 @@ export function nextRunAfter(cron: string, timezone: string, after: Date): Date 
   return cronOf(cron, timezone).nextRun(after);
 }
 
+/**
+ * A schedule's due instant to keep through a change of its cron or zone: its next_run_at when
+ * that has come (a fire of it is due, not yet made) and the new expression has that instant
+ * too; else null (the next instant is then the first after now). An update at a fire's moment
+ * must not drop an instant the new expression still wants.
+ */
+export function dueInstantKept(cron: string, timezone: string, nextRunAt: Date | null, now: Date): Date | null {
+  if (!nextRunAt || nextRunAt > now) return null;
+  return nextRunAfter(cron, timezone, new Date(nextRunAt.getTime() - 1))?.getTime() === nextRunAt.getTime() ? nextRunAt : null;
+}
+
 /** A due schedule as the engine read it. */
 export interface DueSchedule {
   name: string;

@@ -305,6 +305,27 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule(name);
   });
 
+  it('an update to a cron that has the due instant too keeps it (it fires); to one that has not, moves past now', async () => {
+    const name = 'recron-when-due';
+    await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '*/2 * * * * *' });
+    try {
+      // due at an even second just passed, not fired (no worker here)
+      let due = new Date(Math.floor(Date.now() / 2000) * 2000 - 2000);
+      if (due.getUTCSeconds() === 30) due = new Date(due.getTime() - 2000);
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = $2', [due, name]);
+      const kept = await engine.updateSchedule(name, { cron: '* * * * * *' });
+      assert.deepEqual(kept.nextRunAt, due, 'every second has that instant too');
+      const [fired] = await fireDueSchedules(engine.pool);
+      assert.deepEqual(fired?.runAt, due);
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = $2', [due, name]);
+      const moved = await engine.updateSchedule(name, { cron: '30 * * * * *' });
+      assert.ok(moved.nextRunAt! > new Date(), 'a cron without that instant starts after now');
+      assert.equal(moved.nextRunAt!.getUTCSeconds(), 30);
+    } finally {
+      await engine.deleteSchedule(name);
+    }
+  });
+
   it('an update that keeps the cron and zone keeps the due instant: it still fires', async () => {
     const name = 'updated-when-due';
     const created = await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: 'before' }, cron: '* * * * * *' });

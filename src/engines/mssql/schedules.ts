@@ -13,6 +13,7 @@ import {
   checkCron,
   checkScheduleName,
   completeScheduleInput,
+  dueInstantKept,
   FIRE_PAGE,
   fireRounds,
   nextRunAfter,
@@ -112,7 +113,9 @@ export async function updateSchedule(pool: sql.ConnectionPool, name: string, cha
   if (!current) throw missing(name);
   const s = changedSchedule(current, change);
   await dryRun(pool, s);
-  const result = await scheduleInputs(pool.request(), s).query<StoredRow>(
+  // a new cron or zone keeps the due instant it has too, only if no fire moved next_run_at since it was read
+  const kept = dueInstantKept(s.cron, s.timezone, current.nextRunAt, new Date());
+  const result = await scheduleInputs(pool.request(), s).input('kept', sql.DateTime2(3), kept).query<StoredRow>(
     `UPDATE asyncexec.AsyncExecSchedules
         SET [procedure] = @procedure, arguments = @arguments, cron = @cron, timezone = @timezone, queue = @queue,
             max_attempts = @maxAttempts, overlap = @overlap, catch_up = @catchUp,
@@ -120,6 +123,7 @@ export async function updateSchedule(pool: sql.ConnectionPool, name: string, cha
             -- the same cron and zone keep their next instant: an update at a fire's moment must not lose it
             next_run_at = CASE WHEN paused = 1 THEN NULL
                                WHEN cron COLLATE Latin1_General_BIN2 = @cron AND timezone COLLATE Latin1_General_BIN2 = @timezone THEN next_run_at
+                               WHEN @kept IS NOT NULL AND next_run_at = @kept THEN @kept
                                ELSE @nextRunAt END
      WHERE name = @name;
      SELECT ${COLUMNS} FROM asyncexec.AsyncExecSchedules WHERE name = @name;`,

@@ -5,6 +5,7 @@ import {
   changedSchedule,
   checkScheduleName,
   completeScheduleInput as complete,
+  dueInstantKept,
   FIRE_PAGE,
   fireRounds,
   nextRunAfter,
@@ -91,6 +92,7 @@ export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChan
     const row = await locked(client, name);
     const s = changedSchedule(toSchedule(row), change);
     await dryRun(client, s);
+    const now = new Date();
     const { rows } = await client.query<ScheduleRow>(
       `update asyncproc.schedules
           set procedure = $2, arguments = $3::jsonb, cron = $4, timezone = $5, queue = $6, max_attempts = $7, overlap = $8,
@@ -99,7 +101,8 @@ export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChan
               next_run_at = case when paused then null when cron = $4 and timezone = $5 then next_run_at else $10::timestamptz end
         where name = $1 returning *`,
       [name, s.procedure, JSON.stringify(s.arguments), s.cron, s.timezone, s.queue, s.maxAttempts, s.overlap, s.catchUp,
-        nextRunAfter(s.cron, s.timezone, new Date())],
+        // a new cron or zone: its due instant kept if the new one has it too (the row is locked: no fire moves it meanwhile)
+        dueInstantKept(s.cron, s.timezone, row.next_run_at, now) ?? nextRunAfter(s.cron, s.timezone, now)],
     );
     return toSchedule(rows[0]);
   });
