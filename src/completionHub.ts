@@ -333,6 +333,13 @@ export class CompletionHub implements ListenerSink, Closeable {
       unwatch();
       throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
     }
+    if (!wanted()) {
+      // the subscriber left during the read (an SSE request aborted then): its transport drops
+      // what this returns without ending it, so nothing may stay watched for it
+      unwatch();
+      queue.end();
+      return queue;
+    }
     allowed = true;
     // the value was taken, or the subscriber left
     void queue.closed.then(unwatch);
@@ -410,7 +417,8 @@ export class CompletionHub implements ListenerSink, Closeable {
     const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
     const executions = await this.firstRead(() => this.engine.getBatchExecutions(id), wanted);
-    if (!executions) return endedStream<Batch>();
+    // no batch read, or the subscriber left during the reads (see completed): nothing is watched for it
+    if (!executions || !wanted()) return endedStream<Batch>();
     return this.once({
       executionIds: executions.row.map((execution) => execution.id),
       first,
@@ -523,6 +531,9 @@ export class CompletionHub implements ListenerSink, Closeable {
         // subscriber that keeps up takes before the next one. It holds at most the bound and a page.
         if (queue.length + bufferedChanges > maxQueued) {
           queue.end(slowConsumer(maxQueued));
+          // what it buffered during its replay goes with it (the replay, woken, stops)
+          if (buffered) buffered.length = 0;
+          bufferedChanges = 0;
           return;
         }
         if (buffered) {

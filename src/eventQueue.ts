@@ -42,6 +42,8 @@ export class EventQueue<T> implements AsyncIterableIterator<T> {
     this.error = error;
     this.isClosed = true;
     this.close();
+    // a producer waiting for room (drained) goes on, sees the queue closed, and lets go
+    this.wake();
     if (this.waiting) this.settle();
   }
 

@@ -1,7 +1,8 @@
 import { createServer as createHttpServer, type IncomingMessage, type Server } from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { GraphQLError, type ExecutionResult } from 'graphql';
+import { GraphQLError, type ExecutionArgs, type ExecutionResult } from 'graphql';
 import { createGraphQLError, createYoga, maskError } from 'graphql-yoga';
+import type { Context as WsContext, SubscribePayload } from 'graphql-ws';
 import { useServer } from 'graphql-ws/use/ws';
 import { WebSocketServer, type WebSocket } from 'ws';
 import { AuthenticationError, authorizationParam, RECHECK_MS, USER_HEADER, type Authenticator } from './auth/authenticate.js';
@@ -202,7 +203,17 @@ export async function startServer(options: ServerOptions & { port: number; host?
   /** Open graphql-ws connections by caller (auth required only: anonymous callers are one). */
   const connections = new Map<string, number>();
   /** `request`: the upgrade request, until connection_init has been answered. */
-  type Extra = { request: IncomingMessage; principal?: Principal; counted?: string };
+  type Extra = { request: IncomingMessage; principal?: Principal; counted?: string; settingUp?: Set<string> };
+  /** An operation's context → the end of its setup (its id leaves the socket's settingUp). */
+  const setupDone = new WeakMap<object, () => void>();
+  /** Run an operation's execute or subscribe; its setup ends with it, whatever happens. */
+  const setUp = async <T>(args: { contextValue?: unknown }, run: () => Promise<T>): Promise<T> => {
+    try {
+      return await run();
+    } finally {
+      if (args.contextValue) setupDone.get(args.contextValue as object)?.();
+    }
+  };
   /** Open sockets whose credentials can lapse (a JWT, an API key), checked every RECHECK_MS (closeLapsed). */
   const credentialed = new Map<WebSocket, Principal>();
   const lapsed = (socket: WebSocket) => {
@@ -220,11 +231,11 @@ export async function startServer(options: ServerOptions & { port: number; host?
   recheck?.unref();
   const wsServer = useServer<Record<string, unknown>, Extra>(
     {
-      execute: (args: any) => args.rootValue.execute(args),
+      execute: (args: any) => setUp(args, () => args.rootValue.execute(args)),
       // an event's result is turned into JSON once for every subscriber it goes to
       onNext: (_ctx, _id, _payload, _args, result) => serializedOnce(result as ExecutionResult),
       // a subscription's events as the shared execution hands them out, each masked once already (eventsOf)
-      subscribe: async (args: any) => eventsOf(args.contextValue, await args.rootValue.subscribe(args)),
+      subscribe: (args: any) => setUp(args, async () => eventsOf(args.contextValue, await args.rootValue.subscribe(args))),
       // credentials are checked once, at connection_init: a bad or missing one closes the socket before any subscription
       onConnect: async (ctx) => {
         const { request: req, socket } = ctx.extra as Extra & { socket: WebSocket };
@@ -241,6 +252,9 @@ export async function startServer(options: ServerOptions & { port: number; host?
           socket.close(error.reason === 'missing' ? 4401 : 4403, error.message.slice(0, 120));
           return false;
         }
+        // gone while its credentials were checked: graphql-ws has run onClose already, so nothing
+        // counted or kept from here on would ever be given back (a caller locked out by 4429)
+        if (socket.readyState !== socket.OPEN) return false;
         if (auth.required && principal.subject !== null) {
           const open = connections.get(principal.subject) ?? 0;
           if (open >= maxConnections) {
@@ -267,6 +281,28 @@ export async function startServer(options: ServerOptions & { port: number; host?
         else connections.delete(key);
       },
       onSubscribe: async (ctx, id, params) => {
+        // An id whose operation is still being set up may not be used again (a complete, then a
+        // subscribe of the same id, during the first one's setup): graphql-ws would install both
+        // under the id, and the first would stream on after the socket closed, held by no one.
+        // Closed as graphql-ws closes a subscribe of a live id.
+        const settingUp = (ctx.extra.settingUp ??= new Set());
+        const socket = (ctx.extra as Extra & { socket: WebSocket }).socket;
+        if (settingUp.has(id)) {
+          socket.close(4409, `Subscriber for ${id.slice(0, 80)} already exists`);
+          return [createGraphQLError('this id is in use', { extensions: { code: 'BAD_USER_INPUT' } })];
+        }
+        settingUp.add(id);
+        const prepared = await prepare(ctx, id, params);
+        if (Array.isArray(prepared)) settingUp.delete(id);
+        else setupDone.set((prepared as ExecutionArgs).contextValue as object, () => settingUp.delete(id));
+        return prepared;
+      },
+    },
+    wss,
+  );
+
+  /** onSubscribe's work once the id is reserved: the operation's arguments, or the errors that refuse it. */
+  async function prepare(ctx: WsContext<Record<string, unknown>, Extra>, id: string, params: SubscribePayload): Promise<ExecutionArgs | readonly GraphQLError[]> {
         const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
         if (refused) return refused;
         const principal = ctx.extra.principal!;
@@ -302,10 +338,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
           contextValue: holdEvents(await contextFactory()),
           rootValue: { execute, subscribe },
         };
-      },
-    },
-    wss,
-  );
+  }
 
   const port = (server.address() as AddressInfo).port;
   return {

@@ -176,6 +176,27 @@ describe('authentication', () => {
     });
   });
 
+  it('sockets destroyed while their credentials are checked are not counted against their caller (no lock-out by 4429)', async () => {
+    const carol = await bearer('carol');
+    // 60 sockets that send connection_init and go at once, before their answer (a flaky mobile network)
+    await Promise.all(
+      Array.from({ length: 60 }, (_, i) =>
+        new Promise<void>((resolve) => {
+          const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+          socket.on('error', () => undefined);
+          socket.on('close', () => resolve());
+          socket.on('open', () => {
+            socket.send(JSON.stringify({ type: 'connection_init', payload: { Authorization: carol.authorization } }));
+            setTimeout(() => socket.terminate(), i % 4);
+          });
+        }),
+      ),
+    );
+    await sleep(500);
+    // with none of them open, carol still gets her 3 connections (ASYNCPROC_MAX_CONNECTIONS_PER_CALLER)
+    for (let i = 0; i < 3; i++) assert.equal((await wsInit({ Authorization: carol.authorization })).ack, true, `connection ${i + 1}`);
+  });
+
   it('limits the graphql-ws connections one caller holds (4429), not other callers', async () => {
     const sockets: WebSocket[] = [];
     const open = (headers: Record<string, string>) =>

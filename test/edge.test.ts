@@ -318,6 +318,62 @@ describe('subscriptions per graphql-ws connection', () => {
     assert.ok(again.data?.changeCursor, JSON.stringify(again));
     for (const iterator of open.slice(1)) await iterator.return?.();
   });
+
+  it('an id completed and subscribed again while its first operation is still being set up closes the socket 4409, and leaves no stream behind', async () => {
+    const hubSize = t.app.hub!.size;
+    const socket = new WebSocket(t.url.replace(/^http/, 'ws'), 'graphql-transport-ws');
+    const closed = new Promise<number>((resolve) => socket.on('close', (code) => resolve(code)));
+    await new Promise<void>((resolve) => {
+      socket.on('open', () => socket.send(JSON.stringify({ type: 'connection_init', payload: {} })));
+      socket.on('message', (data) => JSON.parse(String(data)).type === 'connection_ack' && resolve());
+    });
+    const subscribe = { id: 'x', type: 'subscribe', payload: { query: 'subscription { executionEvents { cursor } }' } };
+    // all in one go: every later message arrives while the first subscribe is being set up
+    for (let i = 0; i < 20; i++) {
+      socket.send(JSON.stringify(subscribe));
+      socket.send(JSON.stringify({ id: 'x', type: 'complete' }));
+    }
+    socket.send(JSON.stringify(subscribe));
+    assert.equal(await within(closed, 5000), 4409);
+    // what was set up for the socket is let go with it (before: streams held by no one, streaming for good)
+    // (at most as many as before: an earlier test's subscriptions may end meanwhile)
+    await waitFor(async () => t.app.hub!.size <= hubSize, 5000, `the hub back to ${hubSize} (it holds ${t.app.hub!.size})`);
+  });
+});
+
+describe('SSE subscribers that hang up at once', () => {
+  it('leave nothing watched in the hub, also when they go during the first read', async () => {
+    // a call that will not end for a long time, and a batch like it: whatever watches them stays until let go
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, {
+      i: { procedure: 'demo.noop', runAt: new Date(Date.now() + 86_400_000).toISOString() },
+    });
+    const token = body.data.invoke.execution.token;
+    const batch = await t.gql(`mutation($s: [[InvokeInput!]!]!) { submitBatch(input: { stages: $s }) { batch { id } } }`, {
+      s: [[{ procedure: 'demo.noop', runAt: new Date(Date.now() + 86_400_000).toISOString() }]],
+    });
+    const batchId = batch.body.data.submitBatch.batch.id;
+    const hubSize = t.app.hub!.size;
+    const queries = [
+      { query: 'subscription($t: ID!) { executionCompleted(token: $t) { status } }', variables: { t: token } },
+      { query: 'subscription($b: ID!) { batchCompleted(id: $b) { status } }', variables: { b: batchId } },
+    ];
+    const url = new URL(t.url);
+    /** An SSE request written whole, then its socket destroyed `afterMs` later: while the subscription makes its first read. */
+    const hangUp = (body: string, afterMs: number) =>
+      new Promise<void>((resolve) => {
+        const request = httpRequest({
+          host: url.hostname, port: url.port, path: url.pathname, method: 'POST', agent: false,
+          headers: { 'content-type': 'application/json', accept: 'text/event-stream', 'content-length': Buffer.byteLength(body) },
+        });
+        request.on('error', () => undefined);
+        request.once('finish', () => setTimeout(() => (request.destroy(), resolve()), afterMs));
+        request.end(body);
+      });
+    for (let i = 0; i < 300; i += 20) {
+      await Promise.all(Array.from({ length: 20 }, (_, j) => hangUp(JSON.stringify(queries[j % 2]), (i + j) % 4)));
+    }
+    await waitFor(async () => t.app.hub!.size <= hubSize, 10_000, `the hub back to ${hubSize} (it holds ${t.app.hub!.size})`);
+  });
 });
 
 describe('odd input is bad input: a code, nothing changed, no stack in the log', () => {

@@ -173,6 +173,35 @@ describe('an event stream whose subscriber does not pull (any transport)', () =>
       await hub.close();
     }
   });
+
+  it('one stopped during its replay leaves the hub too, and lets go of what it buffered', async () => {
+    const cursor = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
+    const calls = (n: number) =>
+      t.gql(`mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }`, { i: Array.from({ length: n }, () => ({ procedure: 'demo.noop' })) });
+    // more than two replay pages (500 each) of changes behind the cursor (a replay reads each call's latest state), all ended
+    for (let i = 0; i < 12; i++) await calls(100);
+    await waitFor(async () => (await t.gql(`{ executions(filter: { status: [PENDING, RUNNING, WAITING] }) { totalCount } }`)).body.data.executions.totalCount === 0, 30_000, 'the calls to end');
+    const hub = new CompletionHub(db.engine, silentLogger, { pollMs: 50, maxQueued: 100 });
+    await hub.start();
+    try {
+      // resumed from before them, and never pulled: the replay waits for room its subscriber never makes
+      const iterator = hub.events({ status: null, procedure: 'demo.noop', queue: null, submittedBy: null }, cursor);
+      await waitFor(async () => hub.size === 1, 5000, 'the stream to join');
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      // live changes meanwhile: past its bound it is stopped with SLOW_CONSUMER, and leaves
+      await calls(50);
+      await waitFor(async () => hub.size === 0, 15_000, `the stream stopped during its replay to leave the hub (it holds ${hub.size})`);
+      let error: unknown;
+      try {
+        for await (const _event of iterator) void _event;
+      } catch (caught) {
+        error = caught;
+      }
+      assert.ok(error instanceof EngineError && error.code === 'SLOW_CONSUMER', String(error));
+    } finally {
+      await hub.close();
+    }
+  });
 });
 
 describe('executionCompleted subscribers', () => {
