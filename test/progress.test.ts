@@ -130,6 +130,28 @@ describe('live progress (PostgreSQL)', () => {
     assert.deepEqual(stored.rows, [{ percent: 100, message: 'step 1000' }]);
   });
 
+  it('100 subscribers of one call share its reads: one read a poll, not one each', async () => {
+    const token = await invoke('progress_test.steps', { pause: 4 });
+    const engine = t.app.engine as { getProgress?: (ids: string[]) => Promise<unknown> };
+    const original = engine.getProgress!.bind(engine);
+    let reads = 0;
+    // counted on the way to the real database
+    engine.getProgress = (ids) => (reads++, original(ids));
+    const clients = [t.ws({ Authorization: alice.authorization }), t.ws({ Authorization: alice.authorization })];
+    const iterators = Array.from({ length: 100 }, (_, i) => clients[i % 2].iterate({ query: PROGRESS, variables: { t: token } }));
+    try {
+      const firsts = await Promise.all(iterators.map((iterator) => iterator.next()));
+      assert.ok(firsts.every((step) => (step.value?.data as { executionProgress: ProgressEvent } | undefined)?.executionProgress.progress.percent === 50));
+      // two polls with every subscriber in: each reads the report once for all of them
+      const before = reads;
+      await new Promise((resolve) => setTimeout(resolve, 2_100));
+      assert.ok(reads - before <= 10, `${reads - before} reads in two polls for 100 subscribers`);
+    } finally {
+      engine.getProgress = original;
+      await Promise.all(iterators.map((iterator) => iterator.return?.()));
+    }
+  });
+
   it('Execution.progress is null for a call that reported none', async () => {
     const token = await invoke('demo.add', { a: 1, b: 2 });
     const done = await waitFor(async () => {
