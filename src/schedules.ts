@@ -116,6 +116,17 @@ export function planFire(schedule: DueSchedule, now: Date): PlannedFire {
   return { name: schedule.name, due: schedule.nextRunAt, next: nextRunAfter(schedule.cron, schedule.timezone, missed ? now : schedule.nextRunAt), missed };
 }
 
+/**
+ * The database's clock as seen from here: `readNow` once (the database's current time), then
+ * this process's clock moved by the difference. Fires are planned by it, so that a process
+ * whose own clock runs ahead neither fires a schedule early nor counts its fires as missed,
+ * and every process of a cluster agrees on what is due.
+ */
+export async function clockOf(readNow: () => Promise<Date>): Promise<() => Date> {
+  const offset = (await readNow()).getTime() - Date.now();
+  return () => new Date(Date.now() + offset);
+}
+
 /** Rounds of fires one tick makes at most while due schedules remain (a full page, or instants a late tick left due). */
 export const FIRE_ROUNDS = 10;
 /** Due schedules one round reads and fires at most. */

@@ -145,6 +145,39 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule(name);
   });
 
+  it("plans fires by the database's clock: a process whose own clock runs 2 minutes ahead fires nothing early", async () => {
+    const name = 'skewed-clock';
+    await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '0 0 1 1 *', catchUp: 'SKIP' });
+    try {
+      const dbNow = async () => (await sql.query<{ now: Date }>('select clock_timestamp() as now')).rows[0].now;
+      // due in a minute by the database's clock
+      const due = new Date(Math.floor(((await dbNow()).getTime() + 60_000) / 1000) * 1000);
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = $2', [due, name]);
+      // this process's clock, 2 minutes ahead: Date.now() and new Date() (a date given a value stays as given)
+      const RealDate = Date;
+      class AheadDate extends RealDate {
+        constructor(...args: unknown[]) {
+          if (args.length) super(...(args as [string]));
+          else super(RealDate.now() + 120_000);
+        }
+        static override now() {
+          return RealDate.now() + 120_000;
+        }
+      }
+      globalThis.Date = AheadDate as DateConstructor;
+      let fired;
+      try {
+        fired = await fireDueSchedules(engine.pool);
+      } finally {
+        globalThis.Date = RealDate;
+      }
+      assert.deepEqual(fired.filter((e) => e.schedule === name), [], 'not due yet');
+      assert.deepEqual((await engine.getSchedule(name))!.nextRunAt, due, 'and left as it was');
+    } finally {
+      await engine.deleteSchedule(name);
+    }
+  });
+
   it('fires each instant exactly once while several processes race to fire it', async () => {
     const others = Array.from({ length: 2 }, () => createPostgresEngine({ connectionString: url, tickMs: 50 }));
     const name = 'race';

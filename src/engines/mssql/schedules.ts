@@ -13,6 +13,7 @@ import {
   checkCron,
   checkScheduleName,
   completeScheduleInput,
+  clockOf,
   dueInstantKept,
   FIRE_PAGE,
   fireRounds,
@@ -163,7 +164,9 @@ export async function deleteSchedule(pool: sql.ConnectionPool, name: string): Pr
 }
 
 /** Plan every due schedule's fire with croner, then fire each (usp_AsyncExecFireSchedule: its own transaction). Returns the ids of the calls started. */
-export async function fireDueSchedules(pool: sql.ConnectionPool, clock: () => Date = () => new Date()): Promise<string[]> {
+export async function fireDueSchedules(pool: sql.ConnectionPool, clock?: () => Date): Promise<string[]> {
+  // the database's clock, not this process's (clockOf)
+  clock ??= await clockOf(async () => (await pool.request().query<{ now: Date }>('SELECT SYSUTCDATETIME() AS now')).recordset[0].now);
   const failed: Error[] = [];
   const started = await fireRounds((now) => fireRound(pool, now, failed), clock);
   if (failed.length) throw new AggregateError(failed, failed.map((e) => e.message).join('; '));

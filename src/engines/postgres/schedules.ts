@@ -4,6 +4,7 @@ import {
   checkCron,
   changedSchedule,
   checkScheduleName,
+  clockOf,
   completeScheduleInput as complete,
   dueInstantKept,
   FIRE_PAGE,
@@ -154,7 +155,9 @@ export async function getSchedule(pool: pg.Pool, name: string): Promise<Schedule
  * the call in one transaction, exactly once however many processes race). Returns the
  * executions started (or failed at once, for a procedure gone since).
  */
-export async function fireDueSchedules(pool: pg.Pool, clock: () => Date = () => new Date()): Promise<Execution[]> {
+export async function fireDueSchedules(pool: pg.Pool, clock?: () => Date): Promise<Execution[]> {
+  // the database's clock, not this process's (clockOf)
+  clock ??= await clockOf(async () => (await pool.query<{ now: Date }>('select clock_timestamp() as now')).rows[0].now);
   return fireRounds(async (now) => {
     const { rows: due } = await pool.query<{ name: string; cron: string; timezone: string; next_run_at: Date }>(
       `select name, cron, timezone, next_run_at from asyncproc.schedules
