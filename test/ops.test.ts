@@ -260,6 +260,8 @@ describe('log lines of one execution', () => {
     assert.ok(recovered, JSON.stringify(story));
     assert.equal(recovered.procedure, 'demo.add');
     assert.equal(recovered.status, 'PENDING');
-    assert.ok(story.indexOf(recovered.msg) < story.lastIndexOf('execution started'), JSON.stringify(story));
+    // and its run after the recovery (the two lines come from two paths: the worker the recovery
+    // woke may log its start before the housekeeping that recovered it logs that, so no order)
+    assert.ok(story.includes('execution started'), JSON.stringify(story));
   });
 });
