@@ -314,6 +314,11 @@ export class CompletionHub implements ListenerSink, Closeable {
     await this.reading;
   }
 
+  /** Open executionEvents streams (tests: the subscriptions of other kinds do not count). */
+  get streamCount(): number {
+    return this.streams.size;
+  }
+
   /** Number of open subscriptions (monitoring and tests). */
   get size(): number {
     let watched = 0;
