@@ -20,10 +20,9 @@ export const SCHEDULE_NAME = /^[A-Za-z0-9_.:-]{1,128}$/;
 
 /**
  * Vixie cron's rule for the day fields: a day matches both day-of-month and day-of-week when
- * either field starts with `*` (a day-of-month of every other day from `*`, and 1-5 as
- * day-of-week: odd-numbered weekdays), and either of them
- * when both are restricted (`0 9 1,15 * 1`: the 1st, the 15th and Mondays). croner's default
- * is either, always.
+ * either field starts with `*` (every other day of the month from `*`, with 1-5 as day-of-week:
+ * odd-numbered weekdays), and either of them when both are restricted (`0 9 1,15 * 1`: the 1st,
+ * the 15th and Mondays). croner's default is either, always.
  */
 function daysTogether(cron: string): boolean {
   const fields = cron.trim().split(/\s+/);
@@ -138,7 +137,7 @@ export const FIRE_PAGE = 100;
  * (what is left waits for the next tick); a round that fired nothing ends it (what it read is
  * being fired by another process).
  */
-export async function fireRounds<T>(round: (now: Date) => Promise<{ planned: PlannedFire[]; read: number; fired: T[] }>, clock: () => Date = () => new Date()): Promise<T[]> {
+export async function fireRounds<T>(round: (now: Date) => Promise<{ planned: PlannedFire[]; read: number; fired: T[] }>, clock: () => Date): Promise<T[]> {
   const fired: T[] = [];
   for (let i = 0; i < FIRE_ROUNDS; i++) {
     const now = clock();

@@ -204,6 +204,8 @@ export async function startServer(options: ServerOptions & { port: number; host?
   const connections = new Map<string, number>();
   /** `request`: the upgrade request, until connection_init has been answered. */
   type Extra = { request: IncomingMessage; principal?: Principal; counted?: string; settingUp?: Set<string> };
+  /** The socket of a graphql-ws connection (the ws adapter puts it in `extra`). */
+  const socketOf = (ctx: { extra: Extra }) => (ctx.extra as Extra & { socket: WebSocket }).socket;
   /** An operation's context → the end of its setup (its id leaves the socket's settingUp). */
   const setupDone = new WeakMap<object, () => void>();
   /** Run an operation's execute or subscribe; its setup ends with it, whatever happens. */
@@ -236,9 +238,11 @@ export async function startServer(options: ServerOptions & { port: number; host?
       onNext: (_ctx, _id, _payload, _args, result) => serializedOnce(result as ExecutionResult),
       // a subscription's events as the shared execution hands them out, each masked once already (eventsOf)
       subscribe: (args: any) => setUp(args, async () => eventsOf(args.contextValue, await args.rootValue.subscribe(args))),
-      // credentials are checked once, at connection_init: a bad or missing one closes the socket before any subscription
+      // credentials are checked at connection_init (a bad or missing one closes the socket before any subscription),
+      // then again while the socket lives: at each operation (prepare) and every RECHECK_MS (closeLapsed)
       onConnect: async (ctx) => {
-        const { request: req, socket } = ctx.extra as Extra & { socket: WebSocket };
+        const { request: req } = ctx.extra;
+        const socket = socketOf(ctx);
         let principal: Principal;
         try {
           const user = ctx.connectionParams?.[USER_HEADER];
@@ -273,7 +277,7 @@ export async function startServer(options: ServerOptions & { port: number; host?
         return true;
       },
       onClose: (ctx) => {
-        credentialed.delete((ctx.extra as Extra & { socket: WebSocket }).socket);
+        credentialed.delete(socketOf(ctx));
         const key = ctx.extra.counted;
         if (key === undefined) return;
         const open = (connections.get(key) ?? 1) - 1;
@@ -286,9 +290,8 @@ export async function startServer(options: ServerOptions & { port: number; host?
         // under the id, and the first would stream on after the socket closed, held by no one.
         // Closed as graphql-ws closes a subscribe of a live id.
         const settingUp = (ctx.extra.settingUp ??= new Set());
-        const socket = (ctx.extra as Extra & { socket: WebSocket }).socket;
         if (settingUp.has(id)) {
-          socket.close(4409, `Subscriber for ${id.slice(0, 80)} already exists`);
+          socketOf(ctx).close(4409, `Subscriber for ${id.slice(0, 80)} already exists`);
           return [createGraphQLError('this id is in use', { extensions: { code: 'BAD_USER_INPUT' } })];
         }
         settingUp.add(id);
@@ -303,41 +306,41 @@ export async function startServer(options: ServerOptions & { port: number; host?
 
   /** onSubscribe's work once the id is reserved: the operation's arguments, or the errors that refuse it. */
   async function prepare(ctx: WsContext<Record<string, unknown>, Extra>, id: string, params: SubscribePayload): Promise<ExecutionArgs | readonly GraphQLError[]> {
-        const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
-        if (refused) return refused;
-        const principal = ctx.extra.principal!;
-        if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) {
-          return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];
-        }
-        // an API key revoked since the socket opened (looked up again at most once every RECHECK_MS)
-        const valid = auth.stillValid(principal);
-        if (valid !== true && !(await valid)) {
-          lapsed((ctx.extra as Extra & { socket: WebSocket }).socket);
-          return [createGraphQLError('this API key was revoked', { extensions: { code: 'UNAUTHENTICATED' } })];
-        }
-        // what the context starts from: the verified principal and the operation (the socket's state stays with graphql-ws)
-        // wanted while graphql-ws holds it: a `complete` from the client or the socket's close removes it
-        const wanted = () => id in ctx.subscriptions;
-        const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({ principal, params, wanted });
-        let document;
-        try {
-          document = parse(params.query);
-        } catch (error) {
-          if (error instanceof GraphQLError) return [error];
-          // anything else would be an invalid return value, which graphql-ws answers by closing the whole socket (4500)
-          options.logger.error({ err: error }, 'unexpected error parsing a subscription (masked)');
-          return [createGraphQLError('Unexpected error.', { extensions: { code: 'INTERNAL_SERVER_ERROR' } })];
-        }
-        const errors = validate(schema, document);
-        if (errors.length) return errors;
-        return {
-          schema,
-          operationName: params.operationName,
-          document,
-          variableValues: params.variables,
-          contextValue: holdEvents(await contextFactory()),
-          rootValue: { execute, subscribe },
-        };
+    const refused = refuseBeyondSubscriptionLimit(ctx, options.maxSubscriptionsPerConnection ?? 100);
+    if (refused) return refused;
+    const principal = ctx.extra.principal!;
+    if (principal.expiresAt && principal.expiresAt.getTime() <= Date.now()) {
+      return [createGraphQLError('the token has expired: connect again with a new one', { extensions: { code: 'UNAUTHENTICATED' } })];
+    }
+    // an API key revoked since the socket opened (looked up again at most once every RECHECK_MS)
+    const valid = auth.stillValid(principal);
+    if (valid !== true && !(await valid)) {
+      lapsed(socketOf(ctx));
+      return [createGraphQLError('this API key was revoked', { extensions: { code: 'UNAUTHENTICATED' } })];
+    }
+    // what the context starts from: the verified principal and the operation (the socket's state stays with graphql-ws)
+    // wanted while graphql-ws holds it: a `complete` from the client or the socket's close removes it
+    const wanted = () => id in ctx.subscriptions;
+    const { schema, execute, subscribe, contextFactory, parse, validate } = yoga.getEnveloped({ principal, params, wanted });
+    let document;
+    try {
+      document = parse(params.query);
+    } catch (error) {
+      if (error instanceof GraphQLError) return [error];
+      // anything else would be an invalid return value, which graphql-ws answers by closing the whole socket (4500)
+      options.logger.error({ err: error }, 'unexpected error parsing a subscription (masked)');
+      return [createGraphQLError('Unexpected error.', { extensions: { code: 'INTERNAL_SERVER_ERROR' } })];
+    }
+    const errors = validate(schema, document);
+    if (errors.length) return errors;
+    return {
+      schema,
+      operationName: params.operationName,
+      document,
+      variableValues: params.variables,
+      contextValue: holdEvents(await contextFactory()),
+      rootValue: { execute, subscribe },
+    };
   }
 
   const port = (server.address() as AddressInfo).port;

@@ -134,7 +134,7 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     if (versions.length) this.logger.info({ applied: versions }, 'applied SQL Server migrations');
     // an ALTER drops a module signature (docs/mssql.md, "Security context of the calls")
     if (procedures.length) this.logger.info({ procedures }, 'applied SQL Server procedure files (sign again any you had signed)');
-    await this.check();
+    await this.objectChecks();
   }
 
   /** One round trip; the table is looked for first (a restored or emptied database may lack it). */
@@ -151,6 +151,11 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     await checkBroker(this.pool);
     // a login that is not db_owner may serve (docs/mssql.md, Permissions): no impersonation here
     await checkDatabase(this.pool, { impersonate: false });
+    await this.objectChecks();
+  }
+
+  /** The checks of what the migrations made and the database's options (migrate() ran the database's own before migrating). */
+  private async objectChecks(): Promise<void> {
     await checkQueues(this.pool, this.logger);
     await checkOwner(this.pool, this.logger);
     await checkReadCommittedSnapshot(this.pool);
