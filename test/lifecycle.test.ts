@@ -161,6 +161,61 @@ describe('a cancel between the claim and the run', () => {
   });
 });
 
+describe('a cancel whose transaction is still open when the run reads the call', () => {
+  // The cancel's signal found the worker idle (between its claim and its run), and the run's
+  // read of cancel_requested came before the cancel committed: the run must wait for the
+  // cancel's outcome, not start a call it read as not cancelled (a long call then ran to its
+  // end, SUCCEEDED, the cancel lost).
+  const cases = [
+    { name: 'run() waits for it and honours it', tag: 'open-run', transactional: true, batch: false },
+    { name: 'prepare_call() waits for it and honours it', tag: 'open-prepare', transactional: false, batch: false },
+    { name: "the same for a batch member whose batch's cancel is open", tag: 'open-batch', transactional: true, batch: true },
+  ];
+  for (const c of cases) {
+    it(c.name, async () => {
+      const procedure = c.transactional ? 'lc.record_sleep' : 'lc.record_sleep_outside';
+      if (!c.transactional) {
+        await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
+                           begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+                         select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+      }
+      const call = { procedure, arguments: { tag: c.tag, seconds: 2 }, queue: 'lc_between' };
+      const batch = c.batch ? await engine.submitBatch([[call]]) : null;
+      const x = batch ? (await sql.query('select id, token from asyncproc.executions where batch_id = $1', [batch.id])).rows[0] : await submit(procedure, call.arguments, 'lc_between');
+      const worker = await session();
+      assert.equal(await claim(worker, 'lc_between'), x.id);
+      const canceller = await session();
+      await canceller.query('begin');
+      if (batch) {
+        const signalled = (await canceller.query('select * from asyncproc.cancel_batch_running($1::uuid) as pid', [batch.id])).rows.map((r) => r.pid);
+        assert.deepEqual(signalled, [worker.pid]);
+      } else {
+        const { outcome, backend_pid } = (await canceller.query('select * from asyncproc.cancel($1::uuid)', [x.token])).rows[0];
+        assert.deepEqual({ outcome, backend_pid }, { outcome: 'RUNNING', backend_pid: worker.pid });
+      }
+      // signalled while idle: nothing was cancelled, the worker's session goes on
+      assert.equal((await worker.query('select 1 as one')).rows[0].one, 1);
+      const statement = c.transactional ? 'select * from asyncproc.run($1, $2, null)' : 'select * from asyncproc.prepare_call($1, 100)';
+      const values = c.transactional ? [x.id, `w${worker.pid}`] : [x.id];
+      const reading = settle(worker.query(statement, values));
+      await blocked(worker.pid, 'the read of the call to wait for the open cancel');
+      await canceller.query('commit');
+      const read = await reading;
+      assert.ok('error' in read && (read.error as any).code === '57014', `the call was handed out: ${JSON.stringify('value' in read ? read.value.rows : read.error.message)}`);
+      if (c.transactional) {
+        await worker.query(`select * from asyncproc.abandon($1, '57014', 'canceling statement due to user request')`, [x.id]);
+      } else {
+        await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
+          x.id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
+        ]);
+      }
+      assert.equal((await row(x.id)).status, 'CANCELLED');
+      assert.equal(await ledger(c.tag), 0, 'the call ran');
+      if (batch) assert.equal((await engine.getBatch(batch.id))?.status, 'CANCELLED');
+    });
+  }
+});
+
 describe('only the session that claimed a call ends it (item 5)', () => {
   it('a worker that lost its lock cannot run, finish or abandon the new run of its call', async () => {
     const x = await submit('lc.record_sleep', { tag: 'owner', seconds: 0 }, 'lc_owner');

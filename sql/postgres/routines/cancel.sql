@@ -30,6 +30,9 @@ begin
     outcome := 'RETRY';
     return;
   end if;
+  -- closed before the flag is asked and the session signalled, until this commits: a run
+  -- that reads the flag after this waits for it (lock_key.sql)
+  perform asyncproc.close_cancel_gate(target.id);
   update asyncproc.executions e set cancel_requested = true
    where e.id = target.id and (e.status = 'RUNNING') is true
   returning e.backend_pid into cancel.backend_pid;

@@ -12,7 +12,10 @@ language sql as $$
      where e.batch_id = cancel_id and e.status = 'RUNNING' and not e.cancel_requested
     returning e.id, e.backend_pid
   )
-  -- CASE: the lock holder is checked first (an AND may be evaluated in either order)
+  -- CASE: the lock holder is checked first, and the call's cancel gate closed before its
+  -- signal (see cancel(), lock_key.sql; an AND may be evaluated in either order)
   select a.backend_pid from asked a
-   where case when a.backend_pid = asyncproc.lock_holder(a.id) then pg_cancel_backend(a.backend_pid) else false end
+   where case when a.backend_pid = asyncproc.lock_holder(a.id)
+              then case when asyncproc.close_cancel_gate(a.id) then pg_cancel_backend(a.backend_pid) else false end
+              else false end
 $$;

@@ -16,3 +16,26 @@ create or replace function asyncproc.lock_key(execution_id bigint, out key1 inte
 language sql immutable strict as $$
   select asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)
 $$;
+-- The cancel gate of a call: an advisory lock of its own key (tag 'AC' in the high word, the
+-- call's lock_key2 below), which cancel() and cancel_batch_running() take exclusively for their
+-- transaction before they ask a RUNNING call to stop and signal its session. A signal that
+-- finds the session idle (between its claim's commit and its run) cancels nothing; the run then
+-- passes the gate before it reads cancel_requested: it waits while a cancel is open and reads
+-- the flag once committed. Read without the gate, the flag was still false while the cancel was
+-- open, and the call ran to its end with the cancel lost. (A lock of the row itself would be held
+-- by the run until its commit, and every cancel would wait for the whole call.)
+create or replace function asyncproc.cancel_key1(execution_id bigint) returns integer
+language sql immutable strict as $$ select x'41430000'::integer | (execution_id >> 32)::integer $$;
+-- Wait for any cancel of the call still open: take the gate shared, and let go at once (a lock
+-- held for the run would make every cancel wait for the call's end). True once passed.
+-- CASE: the unlock is evaluated after the lock (an OR or AND may be evaluated in either order).
+create or replace function asyncproc.pass_cancel_gate(execution_id bigint) returns boolean
+language sql strict as $$
+  select case when pg_advisory_lock_shared(asyncproc.cancel_key1(execution_id), asyncproc.lock_key2(execution_id)) is null then false
+              else pg_advisory_unlock_shared(asyncproc.cancel_key1(execution_id), asyncproc.lock_key2(execution_id)) end
+$$;
+-- Close the gate until this transaction ends (cancel, cancel_batch_running). True once closed.
+create or replace function asyncproc.close_cancel_gate(execution_id bigint) returns boolean
+language sql strict as $$
+  select pg_advisory_xact_lock(asyncproc.cancel_key1(execution_id), asyncproc.lock_key2(execution_id)) is not null
+$$;

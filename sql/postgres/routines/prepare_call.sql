@@ -10,11 +10,14 @@ create or replace function asyncproc.prepare_call(
 returns setof record
 language plpgsql as $$
 declare
-  call record;
+  call   record;
+  passed boolean;
 begin
   if not pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     return;
   end if;
+  -- a cancel still open on the call is waited for, its flag read once committed (lock_key.sql)
+  passed := asyncproc.pass_cancel_gate(execution_id);
   select e.arguments, r.proc, e.cancel_requested into call
     from asyncproc.executions e
     join asyncproc.procedures r on r.name = e.procedure

@@ -16,6 +16,7 @@ declare
   call         record;
   ended        record;
   claimed      record;
+  passed       boolean;
 begin
   -- The call's lock at transaction level as well as the claim's session level: it then
   -- outlives the session-level unlock below until this transaction's outcome is committed
@@ -26,6 +27,9 @@ begin
     -- by its key: `(status = 'RUNNING') is true` is not a condition the planner proves the partial
     -- index executions_active from, so it cannot prefer a walk of every RUNNING entry (each call's
     -- RUNNING version stays in that index until vacuumed: the walk grows with the drain)
+    -- a cancel still open on the call is waited for: its flag is read below once committed
+    -- (its signal may have found this session idle, before this statement; lock_key.sql)
+    passed := asyncproc.pass_cancel_gate(execution_id);
     select e.arguments, r.proc, e.cancel_requested
       into call
       from asyncproc.executions e
