@@ -121,6 +121,13 @@ function slowConsumer(limit: number): EngineError {
   );
 }
 
+function cursorExpired(): EngineError {
+  return new EngineError(
+    'CURSOR_EXPIRED',
+    'this cursor is older than the retention: calls whose changes it may not have read have been purged since, so nothing can be resumed from it without a gap; subscribe again without `after` (or with `changeCursor`) and read the current state',
+  );
+}
+
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
@@ -599,6 +606,10 @@ export class CompletionHub implements ListenerSink, Closeable {
           return;
         }
         covered = floor ?? upper;
+        if (floor && (await this.expired(floor, stopped))) {
+          queue.end(cursorExpired());
+          return;
+        }
         if (floor) {
           // everything `upper` sees and `floor` does not, matching the filter; a page at a time as the subscriber takes them
           const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), stopped, this.final);
@@ -606,6 +617,12 @@ export class CompletionHub implements ListenerSink, Closeable {
             emit(batch);
             await queue.drained(REPLAY_PAGE);
             if (stopped()) return;
+          }
+          // a purge that committed while the replay read may have taken a change it had not
+          // read yet: the horizon, raised in the purge's transaction, says so now
+          if (await this.expired(floor, stopped)) {
+            queue.end(cursorExpired());
+            return;
           }
         }
         for (const batch of buffered.splice(0)) emit(batch, this.sharedEvents(batch, covered));
@@ -622,6 +639,17 @@ export class CompletionHub implements ListenerSink, Closeable {
       }
     })();
     return queue;
+  }
+
+  /**
+   * Whether retention purged a change `floor` may not see: a writer of a purged execution at or
+   * above its xmin (the writers below xmin it sees; those above it are not told apart, so a
+   * cursor taken while a transaction older than the purged calls' last change was open counts as
+   * expired too).
+   */
+  private async expired(floor: Snapshot, stopped: () => boolean): Promise<boolean> {
+    const horizon = await this.untilRead(() => this.engine.purgeHorizon(), stopped, this.final);
+    return horizon !== null && horizon >= floor.xmin;
   }
 
   /** The events of a live batch for streams standing at `start`, shared by all of them. */

@@ -487,6 +487,12 @@ export type EngineErrorCode =
    * subscribe without `after` and read the current state.
    */
   | 'CURSOR_AHEAD'
+  /**
+   * A cursor older than the retention: a call whose change it may not have read has since been
+   * purged. Nothing can be resumed from it without a silent gap: subscribe without `after` and
+   * read the current state.
+   */
+  | 'CURSOR_EXPIRED'
   /** The engine cannot honour the setting asked for (grouped commits on SQL Server); nothing was changed. */
   | 'NOT_SUPPORTED';
 
@@ -556,6 +562,12 @@ export interface Engine<Tx = unknown> {
   readChanges(since: Snapshot, read: ChangeRead): Promise<ChangePage>;
   /** The feed's position now: a reader there has nothing older left to read. */
   currentPosition(): Promise<Snapshot>;
+  /**
+   * The newest writer of any execution retention has deleted (null: none yet). A position
+   * whose xmin is not past it may not see a change that is gone: a resume from it is refused
+   * (CURSOR_EXPIRED).
+   */
+  purgeHorizon(): Promise<bigint | null>;
   listProcedures(): Promise<Procedure[]>;
   /** Register (or re-register, replacing its options) a procedure. Errors: UNKNOWN_PROCEDURE, UNKNOWN_QUEUE, BAD_USER_INPUT. */
   registerProcedure(name: string, options?: RegisterOptions): Promise<Procedure>;

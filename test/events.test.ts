@@ -227,3 +227,28 @@ describe('notifier', () => {
     }
   });
 });
+
+describe('a cursor older than the retention (last: it purges the history)', () => {
+  it('is refused with CURSOR_EXPIRED once a call it had not read is purged, never resumed with a gap; a cursor taken after the purge resumes', async () => {
+    const before = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
+    const { body } = await t.gql(`mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "purged-unheard" } }) { execution { token } } }`);
+    const token = body.data.invoke.execution.token;
+    await waitFor(async () => (await db.engine.getExecution(token))?.status === 'SUCCEEDED', 10_000, 'the call to end');
+    // retention of about nothing: the call's end goes before the subscriber holding `before` has heard it
+    assert.ok((await db.engine.purge(0)) > 0);
+    assert.equal(await db.engine.getExecution(token), null);
+    const refused = await collect(t.ws().iterate({ query: EVENTS, variables: { f: {}, after: before } }), 1, 20_000).then(
+      (results) => results,
+      (errors: unknown) => errors,
+    );
+    assert.equal((refused as any)?.[0]?.extensions?.code, 'CURSOR_EXPIRED', JSON.stringify(refused));
+
+    const since = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
+    const iterator = t.ws().iterate({ query: EVENTS, variables: { f: { procedure: 'demo.record' }, after: since } });
+    const next = await t.gql(`mutation { invoke(input: { procedure: "demo.record", arguments: { tag: "after-purge" } }) { execution { token } } }`);
+    for await (const event of iterator as AsyncIterable<any>) {
+      assert.equal(event.errors, undefined, JSON.stringify(event.errors));
+      if (event.data.executionEvents.execution.token === next.body.data.invoke.execution.token) break;
+    }
+  });
+});

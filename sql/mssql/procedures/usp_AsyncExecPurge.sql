@@ -22,6 +22,9 @@
 --   * XACT_ABORT ON: if the client gives up anyway (an attention, which TRY...CATCH never
 --     sees), the open batch's transaction is rolled back instead of left open on a pooled
 --     connection, and the batches before it stay deleted.
+-- Each batch raises the purge horizon (asyncexec.AsyncExecPurgeHorizon, 0015_purge_horizon.sql)
+-- to the newest rowversion it deleted, in its own transaction: a subscriber resuming from a
+-- cursor that may not have read a deleted call's last change is refused (CURSOR_EXPIRED).
 -- Terminal rows never change again (statuses only move forward), so a call chosen in one
 -- statement is still deletable in the next; the DELETE checks its status again all the same.
 -- Errors: 50041 called inside an open transaction (its batches would not be transactions of
@@ -42,6 +45,9 @@ BEGIN
     SET XACT_ABORT ON;
     DECLARE @message nvarchar(2048), @cutoff datetime2(3), @deadline datetime2(3), @deleted int = 0, @n int, @more bit = 0;
     DECLARE @ids TABLE (id bigint PRIMARY KEY);
+    -- a table variable keeps its rows through a rollback: emptied before each batch
+    DECLARE @gone TABLE (row_version binary(8) NOT NULL);
+    DECLARE @newest binary(8);
     DECLARE @batches TABLE (id uniqueidentifier PRIMARY KEY);
 
     IF @@TRANCOUNT > 0
@@ -76,12 +82,23 @@ BEGIN
                OR EXISTS (SELECT 1 FROM asyncexec.AsyncExecBatches AS b WHERE b.id = e.batch_id AND b.finished_at < @cutoff));
         IF @@ROWCOUNT = 0
             BREAK;
+        DELETE @gone;
         BEGIN TRANSACTION;
+        -- OUTPUT ... INTO a table variable: the deleted rows' rowversions (deleted.*), which
+        -- the horizon takes before this transaction commits
         DELETE e
+        OUTPUT deleted.row_version INTO @gone (row_version)
         FROM asyncexec.AsyncExecResults AS e
         JOIN @ids AS i ON i.id = e.id
         WHERE e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
         SET @n = @@ROWCOUNT;
+        IF @n > 0
+        BEGIN
+            SELECT @newest = MAX(row_version) FROM @gone;
+            -- binary(8) compares byte by byte from the left, and a rowversion is stored most
+            -- significant byte first: the byte order is the numeric order
+            UPDATE asyncexec.AsyncExecPurgeHorizon SET row_version = @newest WHERE only_row = 1 AND row_version < @newest;
+        END;
         COMMIT TRANSACTION;
         SET @deleted += @n;
     END;

@@ -16,7 +16,10 @@ begin
   if not pg_try_advisory_xact_lock(asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)) then
     return;
   end if;
-  -- a cancel still open on the call is waited for, its flag read once committed (lock_key.sql)
+  -- a cancel still open on the call is waited for, its flag read once committed (lock_key.sql).
+  -- Left open: a cancel that begins after this read and signals while the worker is between
+  -- this statement's answer and the call's own statement (one round trip) finds it idle; the
+  -- call then runs, and keeps its outcome if it succeeds.
   passed := asyncproc.pass_cancel_gate(execution_id);
   select e.arguments, r.proc, e.cancel_requested into call
     from asyncproc.executions e

@@ -270,6 +270,13 @@ export async function currentPosition(db: Queryable): Promise<Snapshot> {
   return { xmin: value, xmax: value, xip: [] };
 }
 
+/** The newest rowversion of any call retention deleted (asyncexec.AsyncExecPurgeHorizon); null: none yet. */
+export async function purgeHorizon(db: Queryable): Promise<bigint | null> {
+  const result = await request(db).query<{ v: Buffer }>('SELECT row_version AS v FROM asyncexec.AsyncExecPurgeHorizon WHERE only_row = 1');
+  const value = result.recordset.length ? rowversionValue(result.recordset[0].v) : 0n;
+  return value === 0n ? null : value;
+}
+
 /** How many rows a listing returns at most. */
 function listSize(limit: number): number {
   if (!Number.isInteger(limit) || limit < 0) throw new EngineError('BAD_USER_INPUT', 'limit must be a non-negative integer');

@@ -35,7 +35,7 @@ import { mssqlCancelSteps, runCancel } from './cancel.js';
 import { cancelBatch } from './cancelBatch.js';
 import { checkBroker, checkDatabase, checkOwner, checkQueues, checkReadCommittedSnapshot } from './checks.js';
 import { checkBatch, getBatch, getBatchExecutions, submitBatch } from './executionBatches.js';
-import { countExecutions, currentPosition, getExecutions, listExecutions, listRunning, readChanges } from './executions.js';
+import { countExecutions, currentPosition, getExecutions, listExecutions, listRunning, purgeHorizon, readChanges } from './executions.js';
 import { isToken } from './types.js';
 import { getHistory } from './history.js';
 import { invoke } from './invoke.js';
@@ -204,6 +204,9 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   }
   currentPosition(): Promise<Snapshot> {
     return currentPosition(this.pool);
+  }
+  purgeHorizon(): Promise<bigint | null> {
+    return purgeHorizon(this.pool);
   }
   listProcedures(): Promise<Procedure[]> {
     return listProcedures(this.pool);

@@ -116,3 +116,9 @@ export async function currentPosition(pool: pg.Pool): Promise<Snapshot> {
   const { rows } = await pool.query<{ position: string }>('select pg_current_snapshot()::text as position');
   return parseSnapshot(rows[0].position)!;
 }
+
+/** The newest writer of any execution retention deleted (asyncproc.purge_horizon); null: none yet. */
+export async function purgeHorizon(pool: pg.Pool): Promise<bigint | null> {
+  const { rows } = await pool.query<{ writer: string }>('select writer::text as writer from asyncproc.purge_horizon');
+  return rows.length ? BigInt(rows[0].writer) : null;
+}

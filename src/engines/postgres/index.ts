@@ -24,7 +24,7 @@ import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
 import { connectionConfig, liftSessionLimits } from './connection.js';
-import { countExecutions, currentPosition, getExecutions, listExecutions, readChanges } from './executions.js';
+import { countExecutions, currentPosition, getExecutions, listExecutions, purgeHorizon, readChanges } from './executions.js';
 import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
 import { isTransient } from './errors.js';
 import { PostgresListener } from './listener.js';
@@ -200,6 +200,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   currentPosition() {
     return currentPosition(this.pool);
+  }
+  purgeHorizon() {
+    return purgeHorizon(this.pool);
   }
   listProcedures() {
     return listProcedures(this.pool);
