@@ -47,8 +47,9 @@ export async function startFeed() {
     error: (error) => {
       feedError.set(error.message);
       if (error.code === 'UNAUTHENTICATED') return;
-      // the database cannot resume from this cursor (it failed over and lost commits): start from now
-      if (error.code === 'CURSOR_AHEAD') feedCursor.set(null);
+      // the database cannot resume from this cursor (it failed over and lost commits, or the
+      // retention purged calls since): start from now
+      if (error.code === 'CURSOR_AHEAD' || error.code === 'CURSOR_EXPIRED') feedCursor.set(null);
       // the stream ended (SLOW_CONSUMER, a restart of the service): take it up again where it stopped
       retry = setTimeout(() => void startFeed().catch((e: Error) => feedError.set(e.message)), 2000);
     },
