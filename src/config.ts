@@ -25,6 +25,8 @@ const schema = z.object({
   ASYNCPROC_JWT_ISSUER: z.string().min(1).optional(),
   ASYNCPROC_JWT_AUDIENCE: z.string().min(1).optional(),
   ASYNCPROC_JWT_ROLES_CLAIM: z.string().regex(/^[^.\s]+(\.[^.\s]+)*$/, 'expected a claim name or dotted path').default('roles'),
+  /** Refuse JWTs without `exp` (tokens that never expire). */
+  ASYNCPROC_JWT_REQUIRE_EXP: flag.default(true),
   /** Mutations per second one caller may send, sustained (0: no limit). Default: 20 with auth required, no limit without. */
   ASYNCPROC_RATE_LIMIT: z.coerce.number({ message: 'expected a number' }).min(0, 'expected 0 or more').optional(),
   /** Mutations one caller may send at once above the sustained rate. @default 3 × the rate, at least 10 */
@@ -108,6 +110,7 @@ export function authSettings(config: Config): AuthSettings {
         issuer: config.ASYNCPROC_JWT_ISSUER,
         audience: config.ASYNCPROC_JWT_AUDIENCE,
         rolesClaim: config.ASYNCPROC_JWT_ROLES_CLAIM,
+        requireExpiry: config.ASYNCPROC_JWT_REQUIRE_EXP,
       }
     : null;
   const mode = config.ASYNCPROC_AUTH ?? (jwt ? 'required' : config.DATABASE_URL ? undefined : 'none');

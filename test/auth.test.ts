@@ -30,11 +30,13 @@ let t: TestApp;
 let databaseUrl: string;
 
 /** A token as the configured issuer would sign it; `claims` override the defaults. */
-function token(sub: string | undefined, roles: string[] = [], claims: JWTPayload & { expiresIn?: string } = {}, secret = SECRET) {
+function token(sub: string | undefined, roles: string[] = [], claims: JWTPayload & { expiresIn?: string | null } = {}, secret = SECRET) {
   const { expiresIn = '10m', ...rest } = claims;
   const jwt = new SignJWT({ roles, iss: ISSUER, aud: AUDIENCE, ...rest }).setProtectedHeader({ alg: 'HS256' }).setIssuedAt();
   if (sub !== undefined) jwt.setSubject(sub);
-  return jwt.setExpirationTime(expiresIn).sign(new TextEncoder().encode(secret));
+  // null: no exp at all (a token that never expires)
+  if (expiresIn !== null) jwt.setExpirationTime(expiresIn);
+  return jwt.sign(new TextEncoder().encode(secret));
 }
 const bearer = async (sub: string, roles: string[] = []) => ({ authorization: `Bearer ${await token(sub, roles)}` });
 
@@ -125,10 +127,27 @@ describe('authentication', () => {
       // stored as U+FFFD, the caller would then not own its own calls
       ['a lone surrogate in the subject', await token('me\ud800'), /sub/],
       ['garbage', 'not-a-token', /malformed/],
+      // good for ever once leaked, and a JWT cannot be revoked
+      ['no exp', await token('alice', [], { expiresIn: null }), /"exp"/],
     ];
     for (const [what, jwt, message] of cases) {
       const error = await refused(() => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`, {}, { authorization: `Bearer ${jwt}` }), 'UNAUTHENTICATED', 401);
       assert.match(error.message, message, what);
+    }
+  });
+
+  it('a token without exp is accepted only where ASYNCPROC_JWT_REQUIRE_EXP=false says so', async () => {
+    const lenient = await startTestApp(databaseUrl, {
+      ASYNCPROC_JWT_SECRET: SECRET, ASYNCPROC_JWT_ISSUER: ISSUER, ASYNCPROC_JWT_AUDIENCE: AUDIENCE, ASYNCPROC_JWT_REQUIRE_EXP: 'false',
+    });
+    try {
+      const forever = { authorization: `Bearer ${await token('carol', [], { expiresIn: null })}` };
+      const { status, body } = await lenient.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { submittedBy } } }`, {}, forever);
+      assert.equal(status, 200, JSON.stringify(body));
+      assert.equal(body.data.invoke.execution.submittedBy, 'carol');
+      assert.equal((await t.gql(`{ __typename }`, {}, forever)).status, 401, 'refused by default');
+    } finally {
+      await lenient.stop();
     }
   });
 

@@ -23,6 +23,11 @@ export interface JwtSettings {
   audience?: string;
   /** Claim holding the roles; a dotted path reaches into objects (`realm_access.roles`). */
   rolesClaim: string;
+  /**
+   * Refuse a token without `exp`: one that never expires stays good for ever once leaked (a JWT
+   * cannot be revoked here; an API key can). @default true
+   */
+  requireExpiry?: boolean;
 }
 
 export interface VerifiedToken {
@@ -50,7 +55,8 @@ export function rolesFrom(payload: JWTPayload, claim: string): string[] {
 /**
  * Verifies JWTs by the configured key: a shared secret for HS*, a public key or a JWKS
  * for the asymmetric algorithms. `alg: none` and algorithms without a configured key
- * are refused; issuer and audience are checked when configured; expired tokens refused.
+ * are refused; issuer and audience are checked when configured; expired tokens refused, and
+ * (unless requireExpiry is false) tokens that never expire.
  */
 export class JwtVerifier {
   private readonly secret?: Uint8Array;
@@ -68,6 +74,7 @@ export class JwtVerifier {
       issuer: this.settings.issuer,
       audience: this.settings.audience,
       clockTolerance: 5,
+      requiredClaims: this.settings.requireExpiry === false ? [] : ['exp'],
     };
     let payload: JWTPayload;
     try {
@@ -110,6 +117,9 @@ function algorithmOf(token: string): JWSAlgorithm {
 function toTokenError(error: unknown): TokenError {
   if (error instanceof TokenError) return error;
   if (error instanceof errors.JWTExpired) return new TokenError('the token has expired');
+  if (error instanceof errors.JWTClaimValidationFailed && error.claim === 'exp' && error.reason === 'missing') {
+    return new TokenError('the token has no "exp" claim: a token that never expires is not accepted');
+  }
   if (error instanceof errors.JWTClaimValidationFailed) return new TokenError(`the token was refused: ${error.message}`);
   if (error instanceof errors.JWKSNoMatchingKey) return new TokenError('no key of the key set matches the token');
   if (error instanceof errors.JWKSTimeout || !(error instanceof errors.JOSEError)) {
