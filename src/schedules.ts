@@ -56,9 +56,15 @@ export function checkTimezone(timezone: string): void {
   }
 }
 
-/** BAD_USER_INPUT for a malformed cron expression or time zone, or one that never fires. */
+/** The longest cron expression kept (SQL Server's column is nvarchar(200); six fields need far fewer). */
+export const MAX_CRON_LENGTH = 200;
+
+/** BAD_USER_INPUT for a malformed cron expression or time zone, one too long, or one that never fires. */
 export function checkCron(cron: string, timezone: string): void {
   checkTimezone(timezone);
+  if (cron.length > MAX_CRON_LENGTH) {
+    throw new EngineError('BAD_USER_INPUT', `a cron expression is at most ${MAX_CRON_LENGTH} characters (this one has ${cron.length})`);
+  }
   let next: Date | null;
   try {
     next = cronOf(cron, timezone).nextRun();

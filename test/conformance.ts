@@ -1187,6 +1187,8 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
           [{ cron: '61 2 * * *' }, 'BAD_USER_INPUT'],
           [{ cron: 'every night' }, 'BAD_USER_INPUT'],
           [{ cron: '* * * * * * * *' }, 'BAD_USER_INPUT'],
+          // a valid expression (each minute listed twice), longer than any engine keeps
+          [{ cron: `${Array.from({ length: 120 }, (_, i) => i % 60).join(',')} 2 * * *` }, 'BAD_USER_INPUT'],
           [{ timezone: 'Mars/Olympus_Mons' }, 'BAD_USER_INPUT'],
           [{ name: 'no spaces please' }, 'BAD_USER_INPUT'],
           [{ arguments: { a: 1 } }, 'INVALID_ARGUMENTS'],

@@ -49,7 +49,7 @@ const CreateScheduleInput = builder.inputType('CreateScheduleInput', {
     name: t.string({ required: true, description: '1–128 characters of A-Z a-z 0-9 _ . : -' }),
     procedure: t.string({ required: true, description: 'A registered procedure; the arguments are checked against its signature as invoke checks them.' }),
     arguments: t.field({ type: 'JSON', required: false, description: 'Keyed by parameter name, as for invoke. @default {}' }),
-    cron: t.string({ required: true, description: 'Five fields (minute hour day-of-month month day-of-week), or six with seconds first.' }),
+    cron: t.string({ required: true, description: 'Five fields (minute hour day-of-month month day-of-week), or six with seconds first; at most 200 characters.' }),
     timezone: t.string({ required: false, description: 'An IANA time zone (`Europe/Berlin`). @default "UTC"' }),
     queue: t.string({ required: false, description: "@default the procedure's registered queue" }),
     maxAttempts: t.int({ required: false, description: "1–100. @default the procedure's registration" }),
