@@ -338,6 +338,27 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule(name);
   });
 
+  it("relative dates in a schedule's arguments ('today') are read in the schedule's time zone, not the database's", async () => {
+    await sql.query(`create procedure public.on_day(d date, at timestamptz) language plpgsql as $$ begin end $$`);
+    await engine.registerProcedure('public.on_day');
+    const day = (zone: string) => new Intl.DateTimeFormat('en-CA', { timeZone: zone }).format(new Date()); // YYYY-MM-DD
+    // a zone whose date differs from UTC's right now (+14 from 10:00 UTC, −11 before 11:00 UTC)
+    const zone = ['Pacific/Kiritimati', 'Pacific/Pago_Pago'].find((z) => day(z) !== day('UTC'))!;
+    const expected = [day(zone)];
+    const schedule = await engine.createSchedule({
+      name: 'on-day', procedure: 'public.on_day', arguments: { d: 'today', at: 'today 08:00' }, cron: '0 0 1 1 *', timezone: zone,
+    });
+    const fired = await fireDueSchedules(engine.pool, () => new Date(schedule.nextRunAt!.getTime() + 1000));
+    expected.push(day(zone)); // the date may have turned meanwhile
+    const execution = (await engine.getExecution(fired[0].token))!;
+    const d = execution.arguments.d as string;
+    assert.ok(expected.includes(d), `today in ${zone} is ${expected.join(' or ')}, the call got ${d}`);
+    const at = new Date(execution.arguments.at as string);
+    const local = new Intl.DateTimeFormat('en-CA', { timeZone: zone, year: 'numeric', month: '2-digit', day: '2-digit', hour: '2-digit', minute: '2-digit', hourCycle: 'h23' }).format(at);
+    assert.equal(local, `${d}, 08:00`, "'today 08:00' is 08:00 of that day in the schedule's zone");
+    await engine.deleteSchedule('on-day');
+  });
+
   it('an update to a cron that has the due instant too keeps it (it fires); to one that has not, moves past now', async () => {
     const name = 'recron-when-due';
     await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '*/2 * * * * *' });

@@ -19,6 +19,7 @@ declare
   started  asyncproc.executions;
   previous text;
   fires_now boolean;
+  zone      text := current_setting('TimeZone');
 begin
   for fire in
     select f.name, f.due, f.next, coalesce(f.missed, false) as missed
@@ -40,8 +41,17 @@ begin
     started := null;
     if fires_now then
       begin
+        -- relative dates in its arguments ('today', 'tomorrow 08:00') are read in the schedule's
+        -- time zone, not the session's: for this transaction, and reverted by the block's end or
+        -- its exception (a zone PostgreSQL does not know leaves the session's, as before)
+        begin
+          perform set_config('TimeZone', s.timezone, true);
+        exception when invalid_parameter_value then
+          null;
+        end;
         -- run_at: the scheduled instant this execution stands for
         started := asyncproc.submit(s.procedure, s.arguments, s.queue, fire.due, s.max_attempts, s.created_by);
+        perform set_config('TimeZone', zone, true);
       exception when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' then
         -- a procedure unregistered (or changed) since the schedule was made fails visibly: a FAILED execution
         insert into asyncproc.executions (procedure, arguments, queue, status, run_at, finished_at, max_attempts,
