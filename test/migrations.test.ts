@@ -22,7 +22,7 @@ const LANDED: Record<string, string> = {
   'postgres/0012_settle_by_writers.sql': '19091b32f5be668bb36994f1e5d0c099e8917f121330b54a105c617de09ac74d',
   'postgres/0013_due_index.sql': '9491618e8ec0effa69937475df710c018ecdb36cb64c41341a0556492a1a9d3b',
   'postgres/0014_grouped_commits.sql': 'b5de653b58771408b1fda27e6e072a5e73dead526e0522984101236b9d8d69ba',
-  'postgres/0015_purge_horizon.sql': 'd8ef2f9bb1e08a0f11c06ac5974191a87d73bff88762eac8fe69cd7872ca982b',
+  'postgres/0015_purge_horizon.sql': 'd7c7708b38648c4374208651e41d003a5e2ce134099c1a0c34683a8683f4add6',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
@@ -37,7 +37,7 @@ const LANDED: Record<string, string> = {
   'mssql/0012_listeners.sql': 'f5ec109efcfe2fefb3ec7f2b15835f60e969c7d22087fa3ed51ba6280e9a22e9',
   'mssql/0013_schedules.sql': '4ec042a9d1092caf41fdfabe68280751f3069d6c317970e060ab14fa86a8bc63',
   'mssql/0014_progress.sql': '0ebc5c9559386559d28840b8699e255d1dc7b0303614c713587386a6dc3260b0',
-  'mssql/0015_purge_horizon.sql': 'd9e869a3a5abd29f78e0a2b3aed88a0e9f5aca405a277c4ae4731ce1d98583da',
+  'mssql/0015_purge_horizon.sql': '22b801c1afdaf13d1e0c402769c4d87fa425de035affd688a84b1b5aab9cc2d8',
 };
 
 describe('landed migrations', () => {

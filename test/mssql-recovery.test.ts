@@ -296,7 +296,10 @@ describe('mssql recovery: retention purge in bounded batches (issue 13, SQL Serv
     const choose = text.slice(text.indexOf('INSERT @ids (id)'), text.indexOf('BEGIN TRANSACTION'));
     assert.match(choose, /e\.finished_at < @cutoff AND e\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\)/);
     assert.match(choose, /AND \(e\.batch_id IS NULL\s+OR EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecBatches AS b WHERE b\.id = e\.batch_id AND b\.finished_at < @cutoff\)\)/);
-    assert.match(text, /DELETE e\s+FROM asyncexec\.AsyncExecResults AS e\s+JOIN @ids AS i ON i\.id = e\.id\s+WHERE e\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\);/);
+    assert.match(text, /DELETE e\s+OUTPUT deleted\.row_version INTO @gone \(row_version\)\s+FROM asyncexec\.AsyncExecResults AS e\s+JOIN @ids AS i ON i\.id = e\.id\s+WHERE e\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\);/);
+    // the purge horizon rises in the transaction that deletes (a resume from before it: CURSOR_EXPIRED)
+    const batch = text.slice(text.indexOf('DELETE e'), text.indexOf('COMMIT TRANSACTION', text.indexOf('DELETE e')));
+    assert.match(batch, /UPDATE h SET row_version = g\.newest\s+FROM asyncexec\.AsyncExecPurgeHorizon AS h[\s\S]+WHERE h\.only_row = 1 AND h\.row_version < g\.newest;/);
     assert.match(text, /DELETE b\s+FROM asyncexec\.AsyncExecBatches AS b\s+JOIN @batches AS x ON x\.id = b\.id\s+WHERE b\.status IN \('SUCCEEDED', 'FAILED', 'CANCELLED'\)\s+AND NOT EXISTS \(SELECT 1 FROM asyncexec\.AsyncExecResults AS e WHERE e\.batch_id = b\.id\);/);
   });
 

@@ -45,9 +45,9 @@ BEGIN
     SET XACT_ABORT ON;
     DECLARE @message nvarchar(2048), @cutoff datetime2(3), @deadline datetime2(3), @deleted int = 0, @n int, @more bit = 0;
     DECLARE @ids TABLE (id bigint PRIMARY KEY);
-    -- a table variable keeps its rows through a rollback: emptied before each batch
+    -- the rowversions a batch deleted; emptied before each batch (the rows of the batches
+    -- before it, committed, would stay)
     DECLARE @gone TABLE (row_version binary(8) NOT NULL);
-    DECLARE @newest binary(8);
     DECLARE @batches TABLE (id uniqueidentifier PRIMARY KEY);
 
     IF @@TRANCOUNT > 0
@@ -92,13 +92,14 @@ BEGIN
         JOIN @ids AS i ON i.id = e.id
         WHERE e.status IN ('SUCCEEDED', 'FAILED', 'CANCELLED');
         SET @n = @@ROWCOUNT;
-        IF @n > 0
-        BEGIN
-            SELECT @newest = MAX(row_version) FROM @gone;
-            -- binary(8) compares byte by byte from the left, and a rowversion is stored most
-            -- significant byte first: the byte order is the numeric order
-            UPDATE asyncexec.AsyncExecPurgeHorizon SET row_version = @newest WHERE only_row = 1 AND row_version < @newest;
-        END;
+        -- the newest of them (TOP (1) ... ORDER BY: no row when none went, and nothing is
+        -- updated). binary(8) compares byte by byte from the left, and a rowversion is stored
+        -- most significant byte first (as readChanges' `row_version >= @from` relies on too): the
+        -- byte order is the numeric order, and the horizon only rises
+        UPDATE h SET row_version = g.newest
+        FROM asyncexec.AsyncExecPurgeHorizon AS h
+        CROSS JOIN (SELECT TOP (1) x.row_version AS newest FROM @gone AS x ORDER BY x.row_version DESC) AS g
+        WHERE h.only_row = 1 AND h.row_version < g.newest;
         COMMIT TRANSACTION;
         SET @deleted += @n;
     END;
