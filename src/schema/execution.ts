@@ -116,7 +116,10 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     runAt: t.expose('runAt', { type: 'DateTime', nullable: true }),
     startedAt: t.expose('startedAt', { type: 'DateTime', nullable: true }),
     finishedAt: t.expose('finishedAt', { type: 'DateTime', nullable: true }),
-    attempts: t.exposeInt('attempts'),
+    attempts: t.exposeInt('attempts', {
+      description:
+        'Runs that reached an outcome (succeeded, failed, timed out, cancelled), counted against maxAttempts. A run lost with its worker is not one: the call runs again, and ends FAILED after five such losses (error AP010 on PostgreSQL, 50010 on SQL Server); `history` lists the lost runs.',
+    }),
     maxAttempts: t.exposeInt('maxAttempts'),
     submittedBy: t.exposeString('submittedBy', { nullable: true }),
     schedule: t.exposeString('schedule', { nullable: true, description: 'The schedule that started it; null for a call submitted by a client.' }),

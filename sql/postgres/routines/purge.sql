@@ -1,8 +1,8 @@
--- Retention: delete finished history older than `older_than`, at most about `max_rows`
--- executions per call, so that one call is one short transaction (the activator calls it
--- again while it fills its budget). Never an unfinished execution, never any part of a
--- batch that has not ended before the cutoff: a batch goes whole, with all its executions,
--- in one call. Their attempts go with them (on delete cascade). Returns executions deleted.
+-- Retention: delete finished history older than `older_than`, at most `max_rows` executions
+-- per call, so that one call is one short transaction (the activator calls it again while it
+-- fills its budget). Never an unfinished execution, never any part of a batch that has not
+-- ended before the cutoff: an ended batch's executions go, max_rows at most a call, and the
+-- batch row with the last of them. Their attempts go with them (on delete cascade). Returns executions deleted.
 -- The newest writer of what went raises the purge horizon in the same transaction (a resume
 -- from a cursor that may not see it is refused: 0015_purge_horizon.sql).
 drop function if exists asyncproc.purge(interval);
@@ -35,10 +35,18 @@ begin
      limit 1
      for update skip locked;
     exit when batch is null;
-    with gone as (delete from asyncproc.executions e where e.batch_id = batch returning e.xid)
+    -- its executions within what is left of the budget (a batch of 100,000 calls is purged over
+    -- many calls, each a short transaction); the batch row once none is left
+    with gone as (
+      delete from asyncproc.executions e
+       where e.id in (select x.id from asyncproc.executions x where x.batch_id = batch limit greatest(max_rows - purged, 1))
+      returning e.xid
+    )
     select count(*), greatest(newest, max(gone.xid)) into more, newest from gone;
-    delete from asyncproc.batches b where b.id = batch;
     purged := purged + more;
+    if not exists (select from asyncproc.executions e where e.batch_id = batch) then
+      delete from asyncproc.batches b where b.id = batch;
+    end if;
     batch := null;
   end loop;
   if newest is not null then

@@ -4,8 +4,8 @@ import type pg from 'pg';
 export const PURGE_ROWS = 1000;
 
 /**
- * Retention in small transactions: asyncproc.purge deletes at most PURGE_ROWS executions
- * (whole batches only) a call; call it again while it finds that many, for at most
+ * Retention in small transactions: asyncproc.purge deletes at most PURGE_ROWS executions a
+ * call (an ended batch's over as many calls as it needs, its row with the last); call it again while it finds that many, for at most
  * `budgetMs`, so a day's million finished calls never become one long transaction holding
  * locks while workers run. Returns the executions deleted.
  */
