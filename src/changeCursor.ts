@@ -18,6 +18,13 @@
  * rowversion, so such a transaction holds the feed back until it ends.
  *
  * The text form is PostgreSQL's own (`xmin:xmax:xip,xip`), decimal.
+ *
+ * A cursor is a position, and may say more: that of one writer the snapshot does not see,
+ * the changes up to some order have been read too (`;writer:order` after the snapshot). A
+ * PostgreSQL transaction that changed 10,000 calls is one writer; a subscriber that left in
+ * the middle of its changes resumes after the last one it read, not from that writer's first
+ * (a client that always left before the end started it over each time, and never got past).
+ * SQL Server gives every change a writer of its own: its cursors never carry one.
  */
 
 export interface Snapshot {
@@ -51,6 +58,35 @@ export function parseSnapshot(text: string): Snapshot | null {
     last = x;
   }
   return { xmin, xmax, xip };
+}
+
+/** A client's cursor: a position, and how far into one writer it does not see it has read. */
+export interface Cursor {
+  snapshot: Snapshot;
+  /** Of `writer` (not seen by the snapshot), the changes up to `order` were read. */
+  partial: { writer: bigint; order: bigint } | null;
+}
+
+const PARTIAL = /^(\d{1,20}):(\d{1,20})$/;
+const MAX_ORDER = (1n << 63n) - 1n;
+
+/** Parses a cursor (a position, `;writer:order` after it when it stopped inside a writer); null when malformed. */
+export function parseCursor(text: string): Cursor | null {
+  const cut = text.indexOf(';');
+  const snapshot = parseSnapshot(cut < 0 ? text : text.slice(0, cut));
+  if (!snapshot) return null;
+  if (cut < 0) return { snapshot, partial: null };
+  const match = PARTIAL.exec(text.slice(cut + 1));
+  if (!match) return null;
+  const partial = { writer: BigInt(match[1]), order: BigInt(match[2]) };
+  // a writer the position sees has been read whole: no part of it is left to say
+  if (partial.writer > MAX_XID || partial.order > MAX_ORDER || sees(snapshot, partial.writer)) return null;
+  return { snapshot, partial };
+}
+
+export function formatCursor(cursor: Cursor): string {
+  const { snapshot, partial } = cursor;
+  return partial ? `${formatSnapshot(snapshot)};${partial.writer}:${partial.order}` : formatSnapshot(snapshot);
 }
 
 export function formatSnapshot(snapshot: Snapshot): string {

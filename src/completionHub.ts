@@ -1,6 +1,6 @@
 import { Repeater } from 'graphql-yoga';
 import { EventQueue } from './eventQueue.js';
-import { extend, formatSnapshot, parseSnapshot, sees, union, type Snapshot } from './changeCursor.js';
+import { extend, formatCursor, formatSnapshot, parseCursor, sees, union, type Cursor, type Snapshot } from './changeCursor.js';
 import {
   EngineError,
   isTerminal,
@@ -119,6 +119,19 @@ function slowConsumer(limit: number): EngineError {
     'SLOW_CONSUMER',
     `this subscriber fell more than ${limit} changes behind and was stopped so the others are not held up; subscribe again with \`after\` set to the cursor of the last event received to get everything missed`,
   );
+}
+
+/**
+ * The cursor right after `change` of a batch read from `start` with snapshot `upper`, the next
+ * change's writer being `bound`: the position that sees what was read below `bound`; and when that
+ * position does not see the change's own writer (more of its changes follow), how far into it the
+ * subscriber has read. Otherwise the part of a writer the stream resumed inside (`given`), while
+ * the position does not see it yet.
+ */
+function positionAfter(start: Snapshot, upper: Snapshot, bound: bigint, change: Change, given: Cursor['partial']): Cursor {
+  const snapshot = extend(start, upper, bound);
+  if (!sees(snapshot, change.writer)) return { snapshot, partial: { writer: change.writer, order: change.order } };
+  return { snapshot, partial: given && !sees(snapshot, given.writer) ? given : null };
 }
 
 function cursorExpired(): EngineError {
@@ -536,24 +549,29 @@ export class CompletionHub implements ListenerSink, Closeable {
    * when a resume falls between two changes of one transaction.
    */
   events(filter: ExecutionFilter, after: string | null): AsyncIterableIterator<ExecutionEvent> {
-    const floor = after === null ? null : parseSnapshot(after);
-    if (after !== null && !floor) throw new EngineError('BAD_USER_INPUT', `malformed cursor "${after.slice(0, 100)}"`);
+    const resumed = after === null ? null : parseCursor(after);
+    if (after !== null && !resumed) throw new EngineError('BAD_USER_INPUT', `malformed cursor "${after.slice(0, 100)}"`);
+    const floor = resumed?.snapshot ?? null;
     const queue = new EventQueue<ExecutionEvent>();
     const stopped = () => queue.isClosed || this.closed;
     const delivered = new Delivered();
     /** What this subscriber has been given (or did not ask for): set before anything is emitted. */
     let covered: Snapshot;
+    /** Of a writer `covered` does not see, the changes up to an order were given too (a cursor that stopped inside it). */
+    let partial: Cursor['partial'] = resumed?.partial ?? null;
     /** Hand out one batch's matching changes, each with the position right after it. */
     const emit = (batch: FeedBatch, events: ExecutionEvent[] = []) => {
       const { upper, changes, through } = batch;
       const start = covered;
+      const given = partial;
       for (let j = 0; j < changes.length && !queue.isClosed; j++) {
         const change = changes[j];
-        if (sees(start, change.writer) || !matches(filter, change.execution) || !delivered.admit(change)) continue;
+        if (sees(start, change.writer) || (given && change.writer === given.writer && change.order <= given.order)) continue;
+        if (!matches(filter, change.execution) || !delivered.admit(change)) continue;
         const bound = j + 1 < changes.length ? changes[j + 1].writer : through;
         queue.push(
           (events[j] ??= {
-            cursor: formatSnapshot(extend(start, upper, bound)),
+            cursor: formatCursor(positionAfter(start, upper, bound, change, given)),
             status: change.execution.status,
             execution: change.execution,
           }),
@@ -561,6 +579,8 @@ export class CompletionHub implements ListenerSink, Closeable {
         this.observer.onDelivered?.(1);
       }
       covered = extend(start, upper, through);
+      // read past the writer the cursor stopped in: nothing of it is left to skip
+      if (partial && sees(covered, partial.writer)) partial = null;
     };
     const maxQueued = this.options.maxQueued ?? 20_000;
     // batches the feed hands out while the replay runs wait for it
@@ -582,7 +602,7 @@ export class CompletionHub implements ListenerSink, Closeable {
         if (buffered) {
           buffered.push(batch);
           bufferedChanges += batch.changes.length;
-        } else emit(batch, this.sharedEvents(batch, covered));
+        } else emit(batch, this.sharedEvents(batch, covered, partial));
       },
     };
     this.streams.add(stream);
@@ -613,7 +633,11 @@ export class CompletionHub implements ListenerSink, Closeable {
         if (floor) {
           // everything `upper` sees and `floor` does not, matching the filter; a page at a time as the subscriber takes them
           const read = (request: ChangeRead) => this.untilRead(() => this.engine.readChanges(floor, request), stopped, this.final);
-          for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper)) {
+          // stopped inside a writer, with no older one left unseen: the read starts right after
+          // the last change given (else it reads that writer from its start, and emit skips what
+          // was given)
+          const from = partial && !floor.xip.some((x) => x < partial!.writer) ? partial : undefined;
+          for await (const batch of this.pages(filter, REPLAY_PAGE, read, upper, from)) {
             emit(batch);
             await queue.drained(REPLAY_PAGE);
             if (stopped()) return;
@@ -625,7 +649,7 @@ export class CompletionHub implements ListenerSink, Closeable {
             return;
           }
         }
-        for (const batch of buffered.splice(0)) emit(batch, this.sharedEvents(batch, covered));
+        for (const batch of buffered.splice(0)) emit(batch, this.sharedEvents(batch, covered, partial));
         buffered = null;
         bufferedChanges = 0;
         await queue.closed;
@@ -652,11 +676,11 @@ export class CompletionHub implements ListenerSink, Closeable {
     return horizon !== null && horizon >= floor.xmin;
   }
 
-  /** The events of a live batch for streams standing at `start`, shared by all of them. */
-  private sharedEvents(batch: FeedBatch, start: Snapshot): ExecutionEvent[] {
+  /** The events of a live batch for streams standing at `start` (and `partial`), shared by all of them. */
+  private sharedEvents(batch: FeedBatch, start: Snapshot, partial: Cursor['partial']): ExecutionEvent[] {
     let byStart = this.shared.get(batch);
     if (!byStart) this.shared.set(batch, (byStart = new Map()));
-    const key = formatSnapshot(start);
+    const key = formatCursor({ snapshot: start, partial });
     let events = byStart.get(key);
     if (!events) byStart.set(key, (events = []));
     return events;
@@ -672,9 +696,10 @@ export class CompletionHub implements ListenerSink, Closeable {
     limit: number,
     read: (request: ChangeRead) => Promise<ChangePage | null>,
     upTo?: Snapshot,
+    from?: { writer: bigint; order: bigint },
   ): AsyncGenerator<FeedBatch> {
     let upper = upTo;
-    let after: Change | undefined;
+    let after: { writer: bigint; order: bigint } | undefined = from;
     for (;;) {
       const page = await read({ filter, limit, upTo: upper, after });
       if (!page) return;

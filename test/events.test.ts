@@ -228,6 +228,63 @@ describe('notifier', () => {
   });
 });
 
+describe('a resume inside one large transaction', () => {
+  const cases = [
+    { name: "goes on after the last change it was given, not from the transaction's first: a client that always leaves midway still reaches the end, each change once", older: false },
+    // the resumed position then misses an older writer too: the replay reads from it, and skips what was given of the large one
+    { name: 'the same while an older transaction, open at first, commits between two connections', older: true },
+  ];
+  for (const c of cases) {
+    it(c.name, async () => {
+      const start = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
+      // waiting for a runAt an hour away, so these stay their calls' latest changes
+      const runAt = new Date(Date.now() + 3_600_000);
+      let release = () => {};
+      let olderToken: Promise<string> | null = null;
+      let olderDone: Promise<unknown> = Promise.resolve();
+      if (c.older) {
+        const held = new Promise<void>((resolve) => (release = resolve));
+        let resolveOlder: (token: string) => void = () => {};
+        olderToken = new Promise((resolve) => (resolveOlder = resolve));
+        // written (its writer numbered) before the large one, committed after the first connection
+        olderDone = db.engine.withTransaction(async (tx) => {
+          const execution = await db.engine.invoke(tx, { procedure: 'demo.record', arguments: { tag: 'older-writer' }, runAt });
+          resolveOlder(execution.token);
+          await held;
+        });
+      }
+      const older = olderToken ? await olderToken : null;
+      // 2,500 calls in one transaction: one writer
+      const submitted = await db.engine.submit(Array.from({ length: 2500 }, (_, i) => ({ procedure: 'demo.record', arguments: { tag: `one-writer-${i}` }, runAt })));
+      const expected = new Set([...submitted.map((e) => e.token), ...(older ? [older] : [])]);
+      const heard = new Map<string, number>();
+      let cursor = start;
+      let connections = 0;
+      // each connection takes 400 events and leaves, inside the large transaction's changes
+      while (heard.size < expected.size && connections < 15) {
+        connections++;
+        const client = t.ws();
+        let taken = 0;
+        for await (const result of client.iterate({ query: EVENTS, variables: { f: { procedure: 'demo.record' }, after: cursor } }) as AsyncIterable<any>) {
+          assert.equal(result.errors, undefined, JSON.stringify(result.errors));
+          const event = result.data.executionEvents;
+          if (expected.has(event.execution.token)) heard.set(event.execution.token, (heard.get(event.execution.token) ?? 0) + 1);
+          cursor = event.cursor;
+          if (++taken === 400 || heard.size === expected.size) break;
+        }
+        await client.dispose();
+        if (connections === 1) {
+          release();
+          await olderDone;
+        }
+      }
+      assert.equal(heard.size, expected.size, `heard ${heard.size} of ${expected.size} in ${connections} connections`);
+      assert.deepEqual([...new Set(heard.values())], [1], 'each change once');
+      assert.ok(connections <= 8, `${connections} connections of 400 events for ${expected.size} changes`);
+    });
+  }
+});
+
 describe('a cursor older than the retention (last: it purges the history)', () => {
   it('is refused with CURSOR_EXPIRED once a call it had not read is purged, never resumed with a gap; a cursor taken after the purge resumes', async () => {
     const before = (await t.gql(`{ changeCursor }`)).body.data.changeCursor as string;
