@@ -545,8 +545,9 @@ export class CompletionHub implements ListenerSink, Closeable {
    * Every status change matching `filter`: with `after` (an event's cursor), first the
    * latest state of each matching execution that changed since, in change order, then
    * live. Never a gap: the cursor is the position the subscriber had read to, and the
-   * feed hands out exactly what that position does not see. A change is repeated only
-   * when a resume falls between two changes of one transaction.
+   * feed hands out exactly what that position does not see (and of a writer the cursor
+   * stopped inside, what follows the last change given). A change is repeated only when a
+   * stream that resumed inside one writer's changes is given its cursor inside an older one's.
    */
   events(filter: ExecutionFilter, after: string | null): AsyncIterableIterator<ExecutionEvent> {
     const resumed = after === null ? null : parseCursor(after);
