@@ -125,7 +125,7 @@ export interface Execution {
 export interface ExecutionProgress {
   /** 0–100. */
   percent: number;
-  /** A short message (at most 200 characters), or null. */
+  /** A short message, or null: at most 200 characters on PostgreSQL, 54 on SQL Server (it travels in CONTEXT_INFO). */
   message: string | null;
   /** When it was stored, by the database's clock. */
   at: Date;

@@ -250,6 +250,25 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.equal(await engine.countExecutions({ procedure: 'demo.nothing-like-this' }), 0);
     });
 
+    it('history: filters match exactly (case counts) and a value longer than any name matches nothing, never an error', async () => {
+      const [call] = await submit([{ procedure: 'demo.record', arguments: { tag: unique('exact') } }]);
+      await finished([call.token]);
+      assert.ok((await engine.countExecutions({ procedure: 'demo.record', queue: 'default' })) > 0);
+      for (const filter of [{ procedure: 'DEMO.RECORD' }, { queue: 'Default' }, { procedure: 'demo.record ' }]) {
+        assert.equal(await engine.countExecutions(filter), 0, JSON.stringify(filter));
+      }
+      const long = 'x'.repeat(5000);
+      for (const filter of [{ procedure: long }, { queue: long }, { schedule: long }, { submittedBy: long }]) {
+        assert.deepEqual((await engine.listExecutions(filter, { first: 5 })).items, [], Object.keys(filter)[0]);
+        assert.equal(await engine.countExecutions(filter), 0);
+      }
+      assert.deepEqual(await engine.listRunning(long, 10), []);
+      assert.equal(await engine.getSchedule('s'.repeat(200)), null);
+      await assert.rejects(engine.deleteSchedule('s'.repeat(200)), isCode('NOT_FOUND'));
+      await assert.rejects(engine.registerProcedure(`demo.${'p'.repeat(300)}`), isCode('UNKNOWN_PROCEDURE'));
+      await assert.rejects(engine.registerProcedure('demo.record', { queue: 'q'.repeat(150) }), isCode('UNKNOWN_QUEUE'));
+    });
+
     it('change feed: the listener says when something changed; a read returns each execution changed since a position once, as it is now', async () => {
       let changes = 0;
       const listener = await engine.startListener({ onChange: () => changes++, onError: () => undefined });

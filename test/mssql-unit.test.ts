@@ -1564,6 +1564,42 @@ describe('mssql: identity (0009_identity.sql)', () => {
     const unfiltered = await requests(() => listRunning(pool, null, 10, null));
     assert.doesNotMatch(unfiltered[0].text, /submitted_by =/);
   });
+
+  it('filters by procedure, queue and schedule exactly, as PostgreSQL and the change feed do; a value longer than its column matches nothing and is never sent', async () => {
+    const pool = {} as sql.ConnectionPool;
+    const filters = { procedure: ['procedure', 'e\\.\\[procedure\\]', 261], queue: ['queue', 'e\\.queue', 100], schedule: ['schedule', 'e\\.schedule_name', 128] } as const;
+    for (const [key, [param, column, max]] of Object.entries(filters)) {
+      const exact = new RegExp(`${column} = @${param} AND ${column} COLLATE Latin1_General_BIN2 = @${param} AND DATALENGTH\\(${column}\\) = DATALENGTH\\(@${param}\\)`);
+      const fits = await requests(async () => {
+        await listExecutions(pool, { [key]: 'Default' }, { first: 5 });
+        await readChanges(pool, { xmin: 1n, xmax: 1n, xip: [] }, { filter: { [key]: 'Default' }, limit: 10 });
+      });
+      for (const { text, params } of fits) {
+        assert.match(text, exact, key);
+        assert.equal(params[param], 'Default');
+      }
+      const long = await requests(() => listExecutions(pool, { [key]: 'x'.repeat(max + 1) }, { first: 5 }));
+      assert.match(long[0].text, /1 = 0/, key);
+      assert.equal(long[0].params[param], undefined, `${key}: not sent`);
+    }
+    const running = await requests(async () => {
+      await listRunning(pool, 'Default', 10, null);
+      await listRunning(pool, 'x'.repeat(101), 10, null);
+    });
+    assert.match(running[0].text, /e\.queue = @queue AND e\.queue COLLATE Latin1_General_BIN2 = @queue/);
+    assert.match(running[1].text, /1 = 0/);
+  });
+
+  it('usp_AsyncExecInvoke records the queue as it is named, cuts argument names in its messages, and takes a uniqueidentifier of 36 or 38 characters only', async () => {
+    const { code } = await current('usp_AsyncExecInvoke');
+    assert.match(code, /SELECT @service = service_name, @queueName = name FROM asyncexec\.AsyncExecQueues WHERE name = @queue;/);
+    assert.ok(code.indexOf('SET @queue = @queueName;') > code.indexOf('THROW 50003') && code.indexOf('SET @queue = @queueName;') < code.indexOf('INSERT asyncexec.AsyncExecResults'));
+    // the unknown and the duplicate argument's messages (codeOnly blanks the literals)
+    assert.equal([...code.matchAll(/CONCAT\(N?'[^']*', LEFT\(a\.\[key\], 200\), N?'[^']*'\)/g)].length, 2);
+    assert.doesNotMatch(code, /CONCAT\(N?'[^']*', a\.\[key\]/, 'no message takes a whole key');
+    // N'uniqueidentifier', blanked by codeOnly (its N too)
+    assert.match(code, /ELSE IF @base = ' {17}' AND DATALENGTH\(@value\) NOT IN \(72, 76\)\s+SET @ok = 0;/);
+  });
 });
 
 describe('mssql: live progress through CONTEXT_INFO, checked without a server', () => {

@@ -72,7 +72,10 @@ const ExecutionProgressRef = builder.objectRef<ExecutionProgress>('ExecutionProg
     'How far a running call says it has got (PostgreSQL: the procedure calls `asyncproc.progress(percent, message)`). Stored outside the call\'s transaction, so it is seen while the call runs; at most a few reports a second are kept, the latest winning.',
   fields: (t) => ({
     percent: t.exposeFloat('percent', { description: '0–100.' }),
-    message: t.exposeString('message', { nullable: true }),
+    message: t.exposeString('message', {
+      nullable: true,
+      description: 'As reported, at most 200 characters on PostgreSQL and 54 on SQL Server (longer ones are cut there).',
+    }),
     at: t.expose('at', { type: 'DateTime', description: 'When the report was stored (database clock).' }),
   }),
 });
@@ -107,7 +110,7 @@ export const ExecutionRef = builder.objectRef<Execution>('Execution').implement(
     procedure: t.exposeString('procedure'),
     arguments: t.field({
       type: 'JSON',
-      description: `As submitted, with relative dates and times ("today", "now", …) resolved at submit. ${EXACT_NUMBERS}`,
+      description: `As submitted, with relative dates and times ("today", "now", …) resolved at submit (PostgreSQL; SQL Server takes ISO 8601 dates and times only). ${EXACT_NUMBERS}`,
       resolve: (e) => e.arguments,
     }),
     queue: t.exposeString('queue'),

@@ -97,7 +97,7 @@ const GroupCommitsInput = builder.inputType('GroupCommitsInput', {
 
 const ConfigureQueueInput = builder.inputType('ConfigureQueueInput', {
   fields: (t) => ({
-    name: t.string({ required: true, description: '1–128 characters of A-Z a-z 0-9 _ . : -' }),
+    name: t.string({ required: true, description: '1–128 characters of A-Z a-z 0-9 _ . : - (at most 100 on SQL Server)' }),
     concurrency: t.int({ required: true, description: 'Calls of this queue that may run at once, across all workers (1–1000).' }),
     groupCommits: t.field({
       type: GroupCommitsInput,

@@ -30,7 +30,8 @@ BEGIN
     SET NOCOUNT ON;
     DECLARE @message nvarchar(2048), @problems nvarchar(max), @registered nvarchar(261), @registeredQueue nvarchar(100),
             @registeredAttempts int, @object int, @service nvarchar(256), @status varchar(10),
-            @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max);
+            @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max),
+            @queueName nvarchar(100);
     SET @arguments = COALESCE(@arguments, N'{}');
 
     SELECT @registered = r.name, @registeredQueue = r.queue, @registeredAttempts = r.max_attempts, @registeredRoles = r.roles,
@@ -103,10 +104,13 @@ BEGIN
 
     DECLARE @found TABLE (ord int NULL, problem nvarchar(2000) NULL);
     INSERT @found (ord, problem)
-    SELECT 1, CONCAT(N'unknown argument "', a.[key], N'"')
+    -- a key as long as the arguments (64 KiB) is cut to 200 characters in the message: problem
+    -- is nvarchar(2000), and an INSERT that overflows a column raises 2628 (ANSI_WARNINGS ON)
+    -- where INVALID_ARGUMENTS is meant
+    SELECT 1, CONCAT(N'unknown argument "', LEFT(a.[key], 200), N'"')
     FROM @args AS a WHERE NOT EXISTS (SELECT 1 FROM @params AS p WHERE p.name = a.[key]);
     INSERT @found (ord, problem)
-    SELECT 1, CONCAT(N'duplicate argument "', a.[key], N'"')
+    SELECT 1, CONCAT(N'duplicate argument "', LEFT(a.[key], 200), N'"')
     FROM @args AS a GROUP BY a.[key] HAVING COUNT(*) > 1;
     INSERT @found (ord, problem)
     SELECT 2, CONCAT(N'missing argument "', p.name, N'" (', p.type_text, N')')
@@ -141,6 +145,11 @@ BEGIN
             SET @ok = 0;
         ELSE IF @base = N'time' AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'[0-9][0-9]:[0-9][0-9]%'
             SET @ok = 0;
+        ELSE IF @base = N'uniqueidentifier' AND DATALENGTH(@value) NOT IN (72, 76)
+            -- 36 characters, or 38 with braces: a conversion to uniqueidentifier reads the first
+            -- 36 of a longer string and ignores the rest ("uniqueidentifier (Transact-SQL)",
+            -- Converting uniqueidentifier data), so '<guid>xyz' would pass and run as <guid>
+            SET @ok = 0;
         ELSE IF @base IN (N'varbinary', N'binary')
             SET @ok = CASE
                 WHEN @jsonType = 1
@@ -172,12 +181,17 @@ BEGIN
     END;
 
     SET @queue = COALESCE(@queue, @registeredQueue);
-    SELECT @service = service_name FROM asyncexec.AsyncExecQueues WHERE name = @queue;
+    -- found under the column's collation (a case-insensitive database finds 'Default' too), and
+    -- recorded as the queue is named: filters and the service's change feed compare exactly
+    -- (as the procedure is recorded by its registered name). A separate variable: a SELECT that
+    -- assigns @queue while its WHERE reads it leaves the order to the engine.
+    SELECT @service = service_name, @queueName = name FROM asyncexec.AsyncExecQueues WHERE name = @queue;
     IF @service IS NULL
     BEGIN
         SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
         THROW 50003, @message, 1;
     END;
+    SET @queue = @queueName;
 
     IF @batchId IS NOT NULL OR @stage IS NOT NULL
     BEGIN

@@ -59,7 +59,8 @@ BEGIN
     SET ARITHABORT ON;
     SET CONCAT_NULL_YIELDS_NULL ON;
     SET NUMERIC_ROUNDABORT OFF;
-    DECLARE @args nvarchar(max), @registered nvarchar(261), @target nvarchar(300), @names nvarchar(max),
+    -- @target: two QUOTENAMEd sysnames (up to 258 characters each, every ] doubled) and a dot
+    DECLARE @args nvarchar(max), @registered nvarchar(261), @target nvarchar(600), @names nvarchar(max),
             @declare nvarchar(max), @assign nvarchar(max), @execArgs nvarchar(max), @outputs nvarchar(max),
             @types nvarchar(max), @sql nvarchar(max), @result nvarchar(max), @failed bit = 0,
             @errNumber int, @errSeverity int, @errState int, @errLine int, @errProcedure nvarchar(128), @errMessage nvarchar(4000),

@@ -113,32 +113,29 @@ function where(req: sql.Request, filter: ExecutionFilter): string[] {
     req.input('statuses', sql.NVarChar(sql.MAX), JSON.stringify(filter.status));
     conditions.push('e.status IN (SELECT [value] FROM OPENJSON(@statuses))');
   }
-  if (filter.procedure) {
-    req.input('procedure', sql.NVarChar(4000), filter.procedure);
-    conditions.push('e.[procedure] = @procedure');
-  }
-  if (filter.queue) {
-    req.input('queue', sql.NVarChar(4000), filter.queue);
-    conditions.push('e.queue = @queue');
-  }
+  if (filter.procedure) conditions.push(exactly(req, 'procedure', 'e.[procedure]', filter.procedure, 261));
+  if (filter.queue) conditions.push(exactly(req, 'queue', 'e.queue', filter.queue, 100));
   if (filter.submittedBy != null) conditions.push(submittedByIs(req, filter.submittedBy));
-  if (filter.schedule != null) {
-    // schedule names are of A-Z a-z 0-9 _ . : - (no trailing blanks); binary: case counts, as at create
-    req.input('schedule', sql.NVarChar(128), filter.schedule);
-    conditions.push('e.schedule_name = @schedule AND e.schedule_name COLLATE Latin1_General_BIN2 = @schedule');
-  }
+  if (filter.schedule != null) conditions.push(exactly(req, 'schedule', 'e.schedule_name', filter.schedule, 128));
   return conditions;
 }
 
 /**
- * Exactly this subject (an empty one too, never "everyone"): = under the column's collation
- * finds the rows by IX_AsyncExecResults_submitted_by; a binary collation then makes case count
- * and equal DATALENGTH makes trailing blanks count, which = ignores (KB 316626).
+ * `column` is exactly `value`, as on PostgreSQL and in the change feed's own filter
+ * (completionHub's matches): = under the column's collation finds the rows by its index; a
+ * binary collation then makes case count, and equal DATALENGTH trailing blanks, which =
+ * ignores (KB 316626). A value longer than the column (nvarchar(maxLength)) matches no row,
+ * and is never sent (a parameter sized below it is refused by the driver or the server).
  */
+function exactly(req: sql.Request, name: string, column: string, value: string, maxLength: number): string {
+  if (value.length > maxLength) return '1 = 0';
+  req.input(name, sql.NVarChar(maxLength), value);
+  return `(${column} = @${name} AND ${column} COLLATE Latin1_General_BIN2 = @${name} AND DATALENGTH(${column}) = DATALENGTH(@${name}))`;
+}
+
+/** Exactly this subject (an empty one too, never "everyone"); submitted_by is nvarchar(256). */
 function submittedByIs(req: sql.Request, submittedBy: string): string {
-  req.input('submittedBy', sql.NVarChar(4000), submittedBy);
-  return `(e.submitted_by = @submittedBy AND e.submitted_by COLLATE Latin1_General_BIN2 = @submittedBy
-           AND DATALENGTH(e.submitted_by) = DATALENGTH(@submittedBy))`;
+  return exactly(req, 'submittedBy', 'e.submitted_by', submittedBy, 256);
 }
 
 const clause = (conditions: string[]) => (conditions.length ? `WHERE ${conditions.join(' AND ')}` : '');
@@ -296,12 +293,12 @@ export async function listRunning(
   const take = listSize(limit);
   const req = request(db);
   req.input('take', sql.Int, take);
-  req.input('queue', sql.NVarChar(4000), queue ?? null);
+  const ofQueue = queue == null ? '' : `AND ${exactly(req, 'queue', 'e.queue', queue, 100)}`;
   const mine = submittedBy == null ? '' : `AND ${submittedByIs(req, submittedBy)}`;
   const result = await req.query<ExecutionRow & { elapsed_ms: string | number | null }>(
     `SELECT TOP (@take) ${EXECUTION_COLUMNS}, DATEDIFF_BIG(millisecond, e.started_at, SYSUTCDATETIME()) AS elapsed_ms
        FROM asyncexec.AsyncExecResults AS e
-      WHERE e.status = 'RUNNING' AND (@queue IS NULL OR e.queue = @queue) ${mine}
+      WHERE e.status = 'RUNNING' ${ofQueue} ${mine}
       ORDER BY e.started_at, e.id`,
   );
   // bigint arrives as text from the driver

@@ -28,6 +28,8 @@ interface ProcedureRow {
 }
 
 export async function listProcedures(pool: sql.ConnectionPool, only?: string): Promise<Procedure[]> {
+  // longer than any registered name (nvarchar(261)): none
+  if (only != null && only.length > 261) return [];
   const request = pool.request();
   request.input('only', sql.NVarChar(261), only ?? null);
   const result = await request.query<ProcedureRow>(
@@ -84,6 +86,9 @@ export async function registerProcedure(pool: sql.ConnectionPool, name: string, 
   checkRegisterRanges(options);
   checkRegisterOptions(options);
   const roles = checkRoles(options.roles);
+  // sized parameters: a longer name would be refused by the driver, not as what it is
+  if (typeof name !== 'string' || name.length > 261) throw new EngineError('UNKNOWN_PROCEDURE', `procedure "${String(name).slice(0, 300)}" does not exist`);
+  if (options.queue != null && options.queue.length > 100) throw new EngineError('UNKNOWN_QUEUE', `queue "${options.queue.slice(0, 120)}" does not exist`);
   const request = pool.request();
   request.input('procedure', sql.NVarChar(261), name);
   request.input('queue', sql.NVarChar(100), options.queue ?? 'default');
@@ -145,6 +150,8 @@ export function checkRecentSeconds(recentSeconds: number): number {
  */
 export async function listQueues(pool: sql.ConnectionPool, recentSeconds: number = RECENT_SECONDS, only?: string): Promise<QueueInfo[]> {
   const seconds = checkRecentSeconds(recentSeconds);
+  // longer than any queue's name (nvarchar(100)): none
+  if (only != null && only.length > 100) return [];
   const request = pool.request();
   request.input('only', sql.NVarChar(100), only ?? null);
   request.input('recentSeconds', sql.Int, seconds);

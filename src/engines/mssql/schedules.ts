@@ -19,6 +19,7 @@ import {
   fireRounds,
   nextRunAfter,
   planFire,
+  SCHEDULE_NAME,
   toSchedule,
   type CompleteScheduleInput,
   type PlannedFire,
@@ -98,6 +99,8 @@ export async function createSchedule(pool: sql.ConnectionPool, input: ScheduleIn
 }
 
 export async function getSchedule(db: sql.ConnectionPool, name: string): Promise<Schedule | null> {
+  // no schedule has such a name (nor could it be sent as nvarchar(128))
+  if (!SCHEDULE_NAME.test(name)) return null;
   const result = await db.request().input('name', sql.NVarChar(128), name).query<StoredRow>(
     `SELECT ${COLUMNS} FROM asyncexec.AsyncExecSchedules WHERE name = @name`,
   );
@@ -156,6 +159,7 @@ export const pauseSchedule = (pool: sql.ConnectionPool, name: string) => setPaus
 export const resumeSchedule = (pool: sql.ConnectionPool, name: string) => setPaused(pool, name, false);
 
 export async function deleteSchedule(pool: sql.ConnectionPool, name: string): Promise<Schedule> {
+  if (!SCHEDULE_NAME.test(name)) throw missing(name);
   const result = await pool.request().input('name', sql.NVarChar(128), name).query<StoredRow>(
     `DELETE asyncexec.AsyncExecSchedules OUTPUT ${columns('deleted.')} WHERE name = @name`,
   );
