@@ -216,6 +216,30 @@ describe('a cancel whose transaction is still open when the run reads the call',
   }
 });
 
+describe('a cancel that finds the worker of a call run outside a transaction idle before its statement', () => {
+  it('is signalled again once the statement runs: the call is stopped, not run to its end', async () => {
+    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
+                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+    const x = await submit('lc.record_sleep_outside', { tag: 'resignal', seconds: 3 }, 'lc_between');
+    const worker = await session();
+    assert.equal(await claim(worker, 'lc_between'), x.id);
+    // the call's statement handed out: the flag read false, the gate passed
+    const prepared = (await worker.query('select statement, arguments::text as arguments from asyncproc.prepare_call($1, 100)', [x.id])).rows[0];
+    // the cancel now: its signal finds the worker idle, between that answer and the statement
+    const cancelling = engine.cancelExecution(x.token);
+    await waitFor(async () => (await sql.query('select cancel_requested from asyncproc.executions where id = $1', [x.id])).rows[0].cancel_requested, 5_000, 'the cancel to be asked');
+    assert.equal((await worker.query('select 1 as one')).rows[0].one, 1, 'the first signal cancelled nothing');
+    const ran = await settle(worker.query(prepared.statement, [prepared.arguments]));
+    assert.ok('error' in ran && (ran.error as any).code === '57014', 'the statement ran to its end');
+    await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
+      x.id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
+    ]);
+    assert.equal((await cancelling).status, 'CANCELLED');
+    assert.equal(await ledger('resignal'), 0, "the call's writes were rolled back");
+  });
+});
+
 describe('only the session that claimed a call ends it (item 5)', () => {
   it('a worker that lost its lock cannot run, finish or abandon the new run of its call', async () => {
     const x = await submit('lc.record_sleep', { tag: 'owner', seconds: 0 }, 'lc_owner');

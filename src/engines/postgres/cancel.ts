@@ -25,10 +25,13 @@ export async function cancelExecution(pool: pg.Pool, token: string, waitMs = 10_
   if (outcome === 'NOT_FOUND') throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
   if (outcome === 'FINISHED') throw new EngineError('ALREADY_FINISHED', `execution ${token} has already finished`);
   if (outcome === 'RUNNING' && pid !== null) {
-    // wait until it is no longer running
+    // wait until it is no longer running; a call run outside a transaction is signalled again
+    // meanwhile (asyncproc.cancel_resignal: the first signal may have found its worker idle
+    // just before the call's own statement)
     for (const deadline = Date.now() + waitMs; Date.now() < deadline; await sleep(50)) {
       const [execution] = await getExecutions(pool, [token]);
       if (isTerminal(execution.status)) return execution;
+      await signalling(`cancel the session running ${token}`, () => pool.query('select asyncproc.cancel_resignal($1::uuid)', [token]));
     }
   }
   return (await getExecutions(pool, [token]))[0];
