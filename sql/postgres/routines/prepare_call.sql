@@ -17,9 +17,9 @@ begin
     return;
   end if;
   -- a cancel still open on the call is waited for, its flag read once committed (lock_key.sql).
-  -- Left open: a cancel that begins after this read and signals while the worker is between
-  -- this statement's answer and the call's own statement (one round trip) finds it idle; the
-  -- call then runs, and keeps its outcome if it succeeds.
+  -- A cancel that begins after this read and signals while the worker is between this
+  -- statement's answer and the call's own statement (one round trip) finds it idle: the
+  -- service signals again while it waits (cancel_resignal.sql).
   passed := asyncproc.pass_cancel_gate(execution_id);
   select e.arguments, r.proc, e.cancel_requested into call
     from asyncproc.executions e
