@@ -5,7 +5,7 @@ import { CompletionHub } from './completionHub.js';
 import { Authenticator } from './auth/authenticate.js';
 import { RateLimiter } from './auth/rateLimit.js';
 import { authSettings, type Config } from './config.js';
-import type { Closeable, Engine } from './engine.js';
+import type { ActivatorOptions, Closeable, Engine } from './engine.js';
 import { embeddedUrl, startEmbeddedPostgres, type EmbeddedServer } from './embeddedPostgres.js';
 import { createEngine } from './engines/index.js';
 import type { Logger } from './logger.js';
@@ -112,7 +112,7 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
     parts.push(hub);
     parts.push(await engine.startListener(hub));
     if (config.ASYNCPROC_ACTIVATOR) {
-      parts.push(await engine.startActivator({ workerId: workerId(), maxRows: config.ASYNCPROC_MAX_ROWS, onError: (err) => logger.warn({ err }, 'activator') }));
+      parts.push(await engine.startActivator(activatorOptions(config, logger)));
     }
     const server = await startServer({
       engine,
@@ -149,9 +149,18 @@ export async function startApp(config: Config, logger: Logger): Promise<App> {
 export async function startWorker(config: Config, logger: Logger): Promise<App> {
   // without DATABASE_URL: the embedded database of a running `serve` (it belongs to `serve`, which starts and stops it)
   const { engine, embedded } = await openDatabase(config, logger, 'worker');
-  const activator = await engine.startActivator({ workerId: workerId(), maxRows: config.ASYNCPROC_MAX_ROWS, onError: (err) => logger.warn({ err }, 'activator') });
+  const activator = await engine.startActivator(activatorOptions(config, logger));
   logger.info({ kind: engine.kind }, 'asyncproc worker running');
   return { engine, embedded, stop: stopper(logger, engine, embedded, [activator]) };
+}
+
+function activatorOptions(config: Config, logger: Logger): ActivatorOptions {
+  return {
+    workerId: workerId(),
+    maxRows: config.ASYNCPROC_MAX_ROWS,
+    stopGraceMs: config.ASYNCPROC_STOP_GRACE_SECONDS * 1000,
+    onError: (err) => logger.warn({ err }, 'activator'),
+  };
 }
 
 function stopper(logger: Logger, engine: Engine, embedded: EmbeddedServer | undefined, parts: Closeable[]) {

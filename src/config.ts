@@ -49,6 +49,12 @@ const schema = z.object({
   ASYNCPROC_MAX_BODY_BYTES: positiveInt.default(1024 * 1024),
   ASYNCPROC_MAX_CALLS: positiveInt.default(1000),
   ASYNCPROC_MAX_ARGUMENT_BYTES: positiveInt.default(64 * 1024),
+  /**
+   * On SIGTERM/SIGINT, how long calls running in this process are waited for before the
+   * transactional ones are handed back to their queues (PostgreSQL). Below the process manager's
+   * own kill timeout (Docker: 10 s).
+   */
+  ASYNCPROC_STOP_GRACE_SECONDS: z.coerce.number({ message: 'expected a number of seconds' }).min(0, 'expected 0 or more').default(8),
   ASYNCPROC_RETENTION_DAYS: z.coerce.number({ message: 'expected a number of days' }).positive().default(7),
   ASYNCPROC_POOL_SIZE: positiveInt.default(10),
   /** Rows of a call's first result set kept in its result (the rest are counted, `truncated` says so). */

@@ -465,6 +465,13 @@ export interface ActivatorOptions {
   queues?: string[];
   /** Rows of a call's first result set kept in its result (PostgreSQL: run()'s row_cap). @default 100 */
   maxRows?: number;
+  /**
+   * On stop, how long calls running in this process are waited for; then the transactional ones
+   * are handed back (their statement cancelled, rolled back, PENDING again at once, to run again
+   * from the start here or on another worker). Calls that run outside a transaction are always
+   * waited for. PostgreSQL only (SQL Server's calls run in the database). @default Infinity
+   */
+  stopGraceMs?: number;
   onError?: (error: Error) => void;
 }
 

@@ -240,6 +240,35 @@ describe('a cancel that finds the worker of a call run outside a transaction idl
   });
 });
 
+describe('a stop with calls running (stopGraceMs)', () => {
+  it('waits the grace, then hands the transactional call back (rolled back, PENDING at once, run again once by the next worker); one outside a transaction is waited for', async () => {
+    await engine.configureQueue('lc_stop', 2);
+    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
+                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+    const [inside, outside] = await engine.submit([
+      { procedure: 'lc.record_sleep', arguments: { tag: 'stop-inside', seconds: 4 }, queue: 'lc_stop' },
+      { procedure: 'lc.record_sleep_outside', arguments: { tag: 'stop-outside', seconds: 1.5 }, queue: 'lc_stop' },
+    ]);
+    const activator = await engine.startActivator({ workerId: 'lc-stop', queues: ['lc_stop'], stopGraceMs: 300 });
+    await waitFor(async () => (await row(inside.id)).status === 'RUNNING' && (await row(outside.id)).status === 'RUNNING', 10_000, 'both to run');
+    await activator.close();
+    assert.equal((await row(outside.id)).status, 'SUCCEEDED', 'the call outside a transaction was waited for');
+    assert.equal(await ledger('stop-outside'), 1);
+    const handedBack = await row(inside.id);
+    assert.equal(handedBack.status, 'PENDING', 'the transactional call went back to its queue');
+    assert.equal(await ledger('stop-inside'), 0, 'its writes rolled back');
+    assert.equal(Number((await sql.query('select count(*) from asyncproc.ready where id = $1', [inside.id])).rows[0].count), 1, 'ready for the next worker');
+    const next = await engine.startActivator({ workerId: 'lc-stop-next', queues: ['lc_stop'] });
+    try {
+      await waitFor(async () => (await row(inside.id)).status === 'SUCCEEDED', 15_000, 'the next worker to run it');
+    } finally {
+      await next.close();
+    }
+    assert.equal(await ledger('stop-inside'), 1, 'once');
+  });
+});
+
 describe('only the session that claimed a call ends it (item 5)', () => {
   it('a worker that lost its lock cannot run, finish or abandon the new run of its call', async () => {
     const x = await submit('lc.record_sleep', { tag: 'owner', seconds: 0 }, 'lc_owner');

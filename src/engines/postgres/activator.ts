@@ -46,7 +46,15 @@ const PROBE_MS = 5000;
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
 /** A worker's connection: the queue slot it holds, and the statement_timeout armed on it (ms, 0: none). */
-type SlotClient = ProgressSource & { slot?: number; statementTimeout?: number; loop?: number };
+type SlotClient = ProgressSource & {
+  slot?: number;
+  statementTimeout?: number;
+  loop?: number;
+  /** How the call it runs now runs (see executionId). */
+  transactional?: boolean;
+  /** Its server process (pg sets it from BackendKeyData; not in pg's types). */
+  processID?: number;
+};
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
 function isConnectionError(error: unknown): boolean {
@@ -93,6 +101,8 @@ class QueueWorkers {
   /** Rung when a slot of the queue may have come free here (more concurrency, or stopping). */
   readonly vacancy = new Doorbell();
   private readonly slots = new Map<number, Promise<void>>();
+  /** The connections of this queue's loops (each running a call while its executionId is set). */
+  readonly clients = new Set<SlotClient>();
   constructor(
     readonly name: string,
     public concurrency: number,
@@ -128,6 +138,7 @@ class QueueWorkers {
       try {
         if (!client) {
           client = await this.activator.connect(`asyncproc worker ${worker}`);
+          this.clients.add(client);
           client.loop = index;
           options.progress?.attach(client);
           backoff = 100;
@@ -136,6 +147,7 @@ class QueueWorkers {
           // every slot is held elsewhere: give the connection back while waiting (connections then
           // follow the slots held, not processes × concurrency), and stay off the doorbell, whose
           // rings are meant for loops that can claim
+          this.clients.delete(client);
           await client.end().catch(() => undefined);
           client = null;
           await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
@@ -147,12 +159,14 @@ class QueueWorkers {
         const err = toError(error);
         options.logger.warn({ err, worker }, 'worker slot lost its connection; reconnecting');
         options.onError?.(err);
+        if (client) this.clients.delete(client);
         await client?.end().catch(() => undefined);
         client = null;
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 5000);
       }
     }
+    if (client) this.clients.delete(client);
     await client?.end().catch(() => undefined);
     // a surplus loop's slot is free now: a loop of this process waiting for one need not wait for its next probe
     this.vacancy.ring(true);
@@ -206,6 +220,7 @@ class QueueWorkers {
       // before the statement that runs it (a round trip only when it differs from the last)
       await armTimeout(client, next.timeoutMs);
       client.executionId = next.id;
+      client.transactional = next.transactional;
       next = !next.transactional
         ? await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call)
         : this.grouping.size > 1 && next.timeoutMs === 0
@@ -671,7 +686,36 @@ export class PostgresActivator implements Closeable {
     if (this.dueTimer) clearTimeout(this.dueTimer);
     await this.housekeeping;
     for (const queue of this.queues.values()) queue.wakeAll();
-    await Promise.all([...this.queues.values()].map((q) => q.done()));
+    const done = Promise.all([...this.queues.values()].map((q) => q.done()));
+    const graceMs = this.options.stopGraceMs ?? Infinity;
+    if (Number.isFinite(graceMs)) {
+      let timer: NodeJS.Timeout | undefined;
+      const over = await Promise.race([done.then(() => false), new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(true), graceMs)))]);
+      clearTimeout(timer);
+      if (over) await this.handBack(graceMs);
+    }
+    await done;
     await this.waker?.end().catch(() => undefined);
+  }
+
+  /**
+   * The stop's grace is over: cancel the statement of every transactional call still running
+   * here. Its transaction rolls back and abandon() puts it back in its queue (an interruption
+   * nobody asked for: PENDING again, its queue woken), where another worker takes it at once,
+   * or this service after its restart; the loops claim nothing more while stopping, so a signal
+   * that lands as a call ends reaches that call or nothing. A call outside a transaction is left
+   * to end: what it committed cannot be undone.
+   */
+  private async handBack(graceMs: number): Promise<void> {
+    const { logger } = this.options;
+    const running = [...this.queues.values()].flatMap((q) => [...q.clients]).filter((c) => c.executionId != null);
+    const back = running.filter((c) => c.transactional !== false);
+    logger.warn(
+      { graceMs, handedBack: back.map((c) => c.executionId), waitedFor: running.filter((c) => c.transactional === false).map((c) => c.executionId) },
+      'stop: the grace is over; running calls go back to their queues, to run again from the start',
+    );
+    for (const client of back) {
+      await this.pool.query('select pg_cancel_backend($1)', [client.processID]).catch((err) => logger.warn({ err }, 'could not hand a call back'));
+    }
   }
 }
