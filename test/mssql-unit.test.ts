@@ -1590,15 +1590,27 @@ describe('mssql: identity (0009_identity.sql)', () => {
     assert.match(running[1].text, /1 = 0/);
   });
 
-  it('usp_AsyncExecInvoke records the queue as it is named, cuts argument names in its messages, and takes a uniqueidentifier of 36 or 38 characters only', async () => {
+  it('usp_AsyncExecInvoke, usp_AsyncExecRegister and a refused schedule fire record the queue as it is named; argument names are cut in messages (the service refuses long ones); a uniqueidentifier must have its shape, whole', async () => {
     const { code } = await current('usp_AsyncExecInvoke');
     assert.match(code, /SELECT @service = service_name, @queueName = name FROM asyncexec\.AsyncExecQueues WHERE name = @queue;/);
     assert.ok(code.indexOf('SET @queue = @queueName;') > code.indexOf('THROW 50003') && code.indexOf('SET @queue = @queueName;') < code.indexOf('INSERT asyncexec.AsyncExecResults'));
     // the unknown and the duplicate argument's messages (codeOnly blanks the literals)
     assert.equal([...code.matchAll(/CONCAT\(N?'[^']*', LEFT\(a\.\[key\], 200\), N?'[^']*'\)/g)].length, 2);
     assert.doesNotMatch(code, /CONCAT\(N?'[^']*', a\.\[key\]/, 'no message takes a whole key');
-    // N'uniqueidentifier', blanked by codeOnly (its N too)
-    assert.match(code, /ELSE IF @base = ' {17}' AND DATALENGTH\(@value\) NOT IN \(72, 76\)\s+SET @ok = 0;/);
+    // and the service refuses an argument name longer than any parameter's before the call
+    await assert.rejects(
+      enqueue({} as sql.Transaction, { procedure: 'dbo.p', arguments: { ['k'.repeat(129)]: 1 } }),
+      (e: unknown) => e instanceof EngineError && e.code === 'INVALID_ARGUMENTS',
+    );
+    // a registration and a refused schedule fire record the queue (and procedure) as named too
+    const register = (await current('usp_AsyncExecRegister')).code;
+    assert.match(register, /SELECT @queueName = name FROM asyncexec\.AsyncExecQueues WHERE name = @queue;\s+IF @queueName IS NULL/);
+    assert.ok(register.indexOf('SET @queue = @queueName;') > register.indexOf('THROW 50003') && register.indexOf('SET @queue = @queueName;') < register.indexOf('UPDATE asyncexec.AsyncExecProcedures'));
+    const fire = (await current('usp_AsyncExecFireSchedule')).code;
+    assert.match(fire, /COALESCE\(@registeredName, @procedure\), @arguments, COALESCE\(@recordedQueue, @queue, @registeredQueue, '\s*'\)/);
+    // N'uniqueidentifier', blanked by codeOnly (its N too): the shape, whole, bare or in braces
+    assert.match(code, /ELSE IF @base = ' {17}'\s+AND NOT \(DATALENGTH\(@value\) = 72 AND @value COLLATE Latin1_General_BIN2 LIKE @guid\)\s+AND NOT \(DATALENGTH\(@value\) = 76 AND @value COLLATE Latin1_General_BIN2 LIKE '\s*' \+ @guid \+ '\s*'\)\s+SET @ok = 0;/);
+    assert.match(code, /@guid nvarchar\(400\) = REPLACE\('\s+', '\s*', '\s+'\)/);
   });
 });
 

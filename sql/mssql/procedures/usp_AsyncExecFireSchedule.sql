@@ -46,7 +46,7 @@ BEGIN
     DECLARE @message nvarchar(2048), @procedure nvarchar(261), @arguments nvarchar(max), @queue nvarchar(100),
             @maxAttempts int, @overlap varchar(5), @catchUp varchar(4), @createdBy nvarchar(256), @lastId bigint,
             @previous varchar(10), @token uniqueidentifier, @refusal int, @refusalMessage nvarchar(4000),
-            @refusalState int, @registeredQueue nvarchar(100);
+            @refusalState int, @registeredQueue nvarchar(100), @registeredName nvarchar(261), @recordedQueue nvarchar(100);
     SELECT @id = NULL, @fired = 0;
     IF @@TRANCOUNT > 0
     BEGIN
@@ -107,12 +107,16 @@ BEGIN
             SET @fired = 0;
             RETURN;
         END;
-        SELECT @registeredQueue = r.queue FROM asyncexec.AsyncExecProcedures AS r WHERE r.name = @procedure;
+        -- the names as registered and created where they exist (the schedule keeps them as
+        -- typed, and a case-insensitive database found them): filters and the change feed
+        -- compare exactly, as for the calls usp_AsyncExecInvoke records
+        SELECT @registeredQueue = r.queue, @registeredName = r.name FROM asyncexec.AsyncExecProcedures AS r WHERE r.name = @procedure;
+        SELECT @recordedQueue = q.name FROM asyncexec.AsyncExecQueues AS q WHERE q.name = COALESCE(@queue, @registeredQueue, N'default');
         INSERT asyncexec.AsyncExecResults
             (token, [procedure], arguments, queue, status, run_at, finished_at, max_attempts, submitted_by, submitted_login,
              error_number, error_severity, error_state, error_procedure, error_message, schedule_name)
         VALUES
-            (NEWID(), @procedure, @arguments, COALESCE(@queue, @registeredQueue, N'default'), 'FAILED', @due, SYSUTCDATETIME(),
+            (NEWID(), COALESCE(@registeredName, @procedure), @arguments, COALESCE(@recordedQueue, @queue, @registeredQueue, N'default'), 'FAILED', @due, SYSUTCDATETIME(),
              COALESCE(@maxAttempts, 1), @createdBy, ORIGINAL_LOGIN(), @refusal, 16, @refusalState, N'usp_AsyncExecFireSchedule',
              LEFT(CONCAT(N'schedule "', @name, N'": ', @refusalMessage), 4000), @name);
         SET @id = SCOPE_IDENTITY();

@@ -104,9 +104,9 @@ BEGIN
 
     DECLARE @found TABLE (ord int NULL, problem nvarchar(2000) NULL);
     INSERT @found (ord, problem)
-    -- a key as long as the arguments (64 KiB) is cut to 200 characters in the message: problem
-    -- is nvarchar(2000), and an INSERT that overflows a column raises 2628 (ANSI_WARNINGS ON)
-    -- where INVALID_ARGUMENTS is meant
+    -- a key (up to 4,000 characters: OPENJSON's key is nvarchar(4000); the service refuses
+    -- longer ones) is cut to 200 characters in the message: problem is nvarchar(2000), and an
+    -- INSERT that overflows a column raises 2628 (ANSI_WARNINGS ON) where INVALID_ARGUMENTS is meant
     SELECT 1, CONCAT(N'unknown argument "', LEFT(a.[key], 200), N'"')
     FROM @args AS a WHERE NOT EXISTS (SELECT 1 FROM @params AS p WHERE p.name = a.[key]);
     INSERT @found (ord, problem)
@@ -123,7 +123,8 @@ BEGIN
     -- activated procedure will convert it: CONVERT(type, OPENJSON value), base64 for
     -- binary. TRY_CONVERT never raises, so the caller's transaction is never doomed.
     DECLARE @name nvarchar(128), @base nvarchar(128), @typeText nvarchar(128), @maxLength smallint,
-            @value nvarchar(max), @jsonType tinyint, @ok bit, @check nvarchar(max);
+            @value nvarchar(max), @jsonType tinyint, @ok bit, @check nvarchar(max),
+            @guid nvarchar(400) = REPLACE(N'########-####-####-####-############', N'#', N'[0-9A-Fa-f]');
     DECLARE checks CURSOR LOCAL FAST_FORWARD FOR
         SELECT p.name, p.base_type, p.type_text, p.max_length, a.[value], a.[type]
         FROM @params AS p JOIN @args AS a ON a.[key] = p.name
@@ -145,10 +146,14 @@ BEGIN
             SET @ok = 0;
         ELSE IF @base = N'time' AND @value COLLATE Latin1_General_BIN2 NOT LIKE N'[0-9][0-9]:[0-9][0-9]%'
             SET @ok = 0;
-        ELSE IF @base = N'uniqueidentifier' AND DATALENGTH(@value) NOT IN (72, 76)
-            -- 36 characters, or 38 with braces: a conversion to uniqueidentifier reads the first
-            -- 36 of a longer string and ignores the rest ("uniqueidentifier (Transact-SQL)",
-            -- Converting uniqueidentifier data), so '<guid>xyz' would pass and run as <guid>
+        ELSE IF @base = N'uniqueidentifier'
+                AND NOT (DATALENGTH(@value) = 72 AND @value COLLATE Latin1_General_BIN2 LIKE @guid)
+                AND NOT (DATALENGTH(@value) = 76 AND @value COLLATE Latin1_General_BIN2 LIKE N'{' + @guid + N'}')
+            -- the form xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx of hex digits (or in braces), nothing
+            -- after it: a conversion to uniqueidentifier reads the first 36 characters of a longer
+            -- string and ignores the rest ("uniqueidentifier (Transact-SQL)", Converting
+            -- uniqueidentifier data), so '<guid>xyz' would pass and run as <guid>. DATALENGTH too:
+            -- LIKE ignores trailing blanks of the matched expression
             SET @ok = 0;
         ELSE IF @base IN (N'varbinary', N'binary')
             SET @ok = CASE

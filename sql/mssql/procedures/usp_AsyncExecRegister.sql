@@ -23,7 +23,8 @@ AS
 BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
-    DECLARE @message nvarchar(2048), @object int, @schema sysname, @name sysname, @registered nvarchar(261), @problems nvarchar(max);
+    DECLARE @message nvarchar(2048), @object int, @schema sysname, @name sysname, @registered nvarchar(261), @problems nvarchar(max),
+            @queueName nvarchar(100);
 
     IF PARSENAME(@procedure, 3) IS NULL AND PARSENAME(@procedure, 1) IS NOT NULL
         SET @object = OBJECT_ID(QUOTENAME(COALESCE(PARSENAME(@procedure, 2), N'dbo')) + N'.' + QUOTENAME(PARSENAME(@procedure, 1)), N'P');
@@ -62,11 +63,16 @@ BEGIN
         THROW 50005, @message, 1;
     END;
     SET @transactional = COALESCE(@transactional, 1);
-    IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecQueues WHERE name = @queue)
+    -- found under the column's collation (a case-insensitive database finds 'Default', and = ignores
+    -- trailing blanks), recorded as the queue is named: the calls take their queue from here
+    -- (usp_AsyncExecInvoke, whose filters and change feed compare exactly)
+    SELECT @queueName = name FROM asyncexec.AsyncExecQueues WHERE name = @queue;
+    IF @queueName IS NULL
     BEGIN
         SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
         THROW 50003, @message, 1;
     END;
+    SET @queue = @queueName;
     IF @optionalParameters IS NOT NULL AND (ISJSON(@optionalParameters) = 0 OR LEFT(LTRIM(@optionalParameters), 1) <> N'[')
     BEGIN
         SET @message = N'optionalParameters must be a JSON array of parameter names';

@@ -31,6 +31,12 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
     throw new EngineError('BAD_USER_INPUT', 'submittedBy is at most 256 characters');
   }
   if (call.runAt != null && Number.isNaN(call.runAt.getTime())) throw new EngineError('BAD_USER_INPUT', 'runAt is not a valid time');
+  // no parameter's name is longer than a sysname (128), and what OPENJSON does with a key past
+  // its nvarchar(4000) is not documented: refused here, as the unknown argument it is
+  const longKey = call.arguments && typeof call.arguments === 'object' ? Object.keys(call.arguments).find((key) => key.length > 128) : undefined;
+  if (longKey !== undefined) {
+    throw new EngineError('INVALID_ARGUMENTS', `invalid arguments for ${call.procedure}: unknown argument "${longKey.slice(0, 200)}…"`);
+  }
 
   const request = new sql.Request(tx);
   request.input('procedure', sql.NVarChar(261), call.procedure);
