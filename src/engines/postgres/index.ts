@@ -87,10 +87,11 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       ...connectionConfig(options.connectionString),
       max: options.poolSize ?? 10,
       application_name: 'asyncproc',
+      // awaited by the pool before it hands the new connection out (a query queued beside the
+      // first one on a 'connect' event is deprecated by pg, and goes in pg 9)
+      onConnect: (client) => liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits')),
     });
     this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
-    // queued before the query the connection was made for
-    this.pool.on('connect', (client) => void liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits')));
     this.notifier = new Notifier(options.connectionString, this.logger);
     this.coalescer = new SubmitCoalescer(this.pool);
     this.progress = new ProgressRelay(this.pool, this.logger);
