@@ -16,7 +16,7 @@ import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import type { Closeable } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
-import { applyRoutines } from '../src/engines/postgres/migrator.js';
+import { applyRoutines, POSTGRES_SQL_DIR, routinesRevision } from '../src/engines/postgres/migrator.js';
 import { startTestApp } from './support/app.js';
 import { freePort, startDemoDatabase, startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
@@ -218,6 +218,7 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0005_per
     const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-routines-'));
     try {
       await writeFile(path.join(dir, 'zz_added_later.sql'), `create or replace function asyncproc.added_later() returns int language sql as 'select 1';`);
+      await writeFile(path.join(dir, 'REVISION'), String(await routinesRevision(path.join(POSTGRES_SQL_DIR, 'routines'))));
       await applyRoutines(engine.pool, dir);
       const { rows } = await sql.query(`select has_function_privilege('app_caller', 'asyncproc.added_later()', 'execute') as allowed`);
       assert.equal(rows[0].allowed, false);

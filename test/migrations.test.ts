@@ -23,6 +23,7 @@ const LANDED: Record<string, string> = {
   'postgres/0013_due_index.sql': '9491618e8ec0effa69937475df710c018ecdb36cb64c41341a0556492a1a9d3b',
   'postgres/0014_grouped_commits.sql': 'b5de653b58771408b1fda27e6e072a5e73dead526e0522984101236b9d8d69ba',
   'postgres/0015_purge_horizon.sql': 'd7c7708b38648c4374208651e41d003a5e2ce134099c1a0c34683a8683f4add6',
+  'postgres/0016_routines_revision.sql': '51a5c7e761996b9a33fefac301361bc232676900b4a4c001aab70dd4fe1adcfb',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
@@ -39,6 +40,30 @@ const LANDED: Record<string, string> = {
   'mssql/0014_progress.sql': '0ebc5c9559386559d28840b8699e255d1dc7b0303614c713587386a6dc3260b0',
   'mssql/0015_purge_horizon.sql': '22b801c1afdaf13d1e0c402769c4d87fa425de035affd688a84b1b5aab9cc2d8',
 };
+
+/**
+ * The routine files (sql/postgres/routines/*.sql) as of their revision (routines/REVISION): a
+ * database records the revision it runs, and a process of an older one may not replace them
+ * (0016_routines_revision.sql). Any change of a routine file raises the revision.
+ */
+const ROUTINES = { revision: 1, sha256: 'f9df992376397d3cd2a17477e50863e99b4391abcbf32815de8422b17d2cdb0f' };
+
+describe('routines revision', () => {
+  it('is raised with every change of the routine files', async () => {
+    const dir = new URL('../sql/postgres/routines/', import.meta.url);
+    const hash = createHash('sha256');
+    for (const file of (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort()) {
+      hash.update(`${file}\0`).update(await readFile(new URL(file, dir))).update('\0');
+    }
+    const revision = Number((await readFile(new URL('REVISION', dir), 'utf8')).trim());
+    assert.equal(revision, ROUTINES.revision, 'routines/REVISION and the pin here agree');
+    assert.equal(
+      hash.digest('hex'),
+      ROUTINES.sha256,
+      `the routine files changed: raise sql/postgres/routines/REVISION to ${ROUTINES.revision + 1} and pin their new digest here (a database at an older revision is upgraded; a process of an older one refuses to replace them)`,
+    );
+  });
+});
 
 describe('landed migrations', () => {
   for (const [file, digest] of Object.entries(LANDED)) {

@@ -12,12 +12,15 @@
  * The SQL Server counterpart is test/upgrade.mssql.ts (run when MSSQL_URL is set).
  */
 import assert from 'node:assert/strict';
-import { readFile } from 'node:fs/promises';
+import { cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
-import { migrate, POSTGRES_SQL_DIR } from '../src/engines/postgres/migrator.js';
-import { startTestCluster, type TestCluster } from './support/database.js';
+import { isTerminal } from '../src/engine.js';
+import { createPostgresEngine } from '../src/engines/postgres/index.js';
+import { applyRoutines, migrate, POSTGRES_SQL_DIR, routinesRevision } from '../src/engines/postgres/migrator.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
 /** The landed scripts the first migrator applied (pinned by test/migrations.test.ts). */
 const OLD_SCRIPTS = ['0001_core.sql', '0002_batches.sql'];
@@ -124,6 +127,15 @@ async function migrateAsTheFirstReleases(url: string): Promise<void> {
   }
 }
 
+/** A copy of sql/postgres with `routines` as its routines folder. */
+async function sqlDirWith(routines: string): Promise<string> {
+  const dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-sql-'));
+  await cp(POSTGRES_SQL_DIR, dir, { recursive: true });
+  await rm(path.join(dir, 'routines'), { recursive: true, force: true });
+  await cp(routines, path.join(dir, 'routines'), { recursive: true });
+  return dir;
+}
+
 async function migrateNow(url: string): Promise<number[]> {
   const pool = new pg.Pool({ connectionString: url, max: 2 });
   try {
@@ -160,6 +172,82 @@ describe('upgrade (PostgreSQL)', () => {
     assert.ok(b.routines.length >= 30 && b.columns.length > 0 && b.indexes.length > 0, 'the comparison sees the objects');
     for (const part of Object.keys(CATALOG)) {
       assert.deepEqual(a[part], b[part], `${part}: upgraded (left) and fresh (right) differ`);
+    }
+  });
+});
+
+describe('a rolling upgrade (PostgreSQL): processes of two releases share the database for a while', () => {
+  it('applying the routine files again keeps every function (its OID): a call running in run() meanwhile ends SUCCEEDED', async () => {
+    const url = await cluster.createDatabase();
+    const engine = createPostgresEngine({ connectionString: url });
+    const sql = new pg.Client({ connectionString: url });
+    await sql.connect();
+    try {
+      await engine.migrate();
+      await engine.installDemo();
+      const oids = async () =>
+        (await sql.query(`select p.oid::regprocedure::text as signature, p.oid::int as oid from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+                            where n.nspname = 'asyncproc' order by 1`)).rows;
+      const before = await oids();
+      const activator = await engine.startActivator({ workerId: 'upgrade' });
+      try {
+        const [call] = await engine.submit([{ procedure: 'demo.sleep', arguments: { seconds: 1.5 } }]);
+        await waitFor(async () => (await engine.getExecution(call.token))?.status === 'RUNNING', 10_000, 'the call to run');
+        // another release's migrator finds every file changed (its own files)
+        await sql.query(`begin; select set_config('asyncproc.routines_revision', '1000', true); update asyncproc.routines set sha256 = 'another release'; commit`);
+        assert.ok((await applyRoutines(engine.pool, path.join(POSTGRES_SQL_DIR, 'routines'))).length >= 40);
+        const ended = await waitFor(async () => {
+          const e = await engine.getExecution(call.token);
+          return e && isTerminal(e.status) ? e : null;
+        }, 10_000, 'the call to end');
+        assert.equal(ended.status, 'SUCCEEDED', JSON.stringify(ended.error));
+        assert.equal(ended.attempts, 1);
+      } finally {
+        await activator.close();
+      }
+      assert.deepEqual(await oids(), before, 'no function was dropped and made again');
+    } finally {
+      await sql.end();
+      await engine.close();
+    }
+  });
+
+  it('a process of an older release started after the upgrade refuses to start, and replaces no routine', async () => {
+    const url = await cluster.createDatabase();
+    await migrateNow(url);
+    const sql = new pg.Client({ connectionString: url });
+    await sql.connect();
+    const definition = async () => (await sql.query(`select pg_get_functiondef('asyncproc.pass_cancel_gate(bigint)'::regprocedure) as d`)).rows[0].d;
+    const before = await definition();
+    const older = await mkdtemp(path.join(tmpdir(), 'asyncproc-older-'));
+    try {
+      // the previous release's migrator: no revision said, its older file applied and recorded
+      await sql.query('begin');
+      await sql.query(`create or replace function asyncproc.pass_cancel_gate(execution_id bigint) returns boolean language sql as 'select true'`);
+      await assert.rejects(
+        sql.query(`insert into asyncproc.routines (name, sha256) values ('lock_key.sql', 'older') on conflict (name) do update set sha256 = excluded.sha256`),
+        (e: any) => e.code === 'AP020' && /newer asyncproc/.test(e.message),
+      );
+      await sql.query('rollback');
+      assert.equal(await definition(), before, 'the newer definition stays');
+      // one that knows revisions, older than the database's (a newer release installed revision + 1): refused before anything is applied
+      await cp(path.join(POSTGRES_SQL_DIR, 'routines'), older, { recursive: true });
+      const revision = await routinesRevision(older);
+      await sql.query(`update asyncproc.routines_revision set revision = $1`, [revision + 1]);
+      await writeFile(path.join(older, 'lock_key.sql'), `${await readFile(path.join(older, 'lock_key.sql'), 'utf8')}\n-- older\n`);
+      const pool = new pg.Pool({ connectionString: url, max: 1 });
+      const sqlDir = await sqlDirWith(older);
+      try {
+        await assert.rejects(migrate(pool, sqlDir), /revision \d+, installed by a newer asyncproc.*downgrade is not supported/);
+      } finally {
+        await pool.end();
+        await rm(sqlDir, { recursive: true, force: true });
+      }
+      assert.equal(await definition(), before);
+      assert.equal((await sql.query(`select sha256 from asyncproc.routines where name = 'lock_key.sql'`)).rows[0].sha256.length, 64, 'nothing recorded');
+    } finally {
+      await sql.end();
+      await rm(older, { recursive: true, force: true });
     }
   });
 });

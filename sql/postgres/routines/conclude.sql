@@ -5,7 +5,18 @@
 -- Failed: the error as the worker caught it; retried per max_attempts like any failure (a retry
 -- runs again what the failed attempt committed), or CANCELLED when a cancel was asked for.
 -- Only the session that claimed the call and still holds its lock records anything.
-drop function if exists asyncproc.conclude(bigint, text, text, boolean, jsonb, text[], oid[], text[], text, text, text, text);
+-- Dropped only when it is not the definition below (CREATE OR REPLACE cannot change its OUT
+-- parameters): applied again as it is (an upgrade, a process of another version), it is replaced
+-- in place and keeps its OID, so a worker inside it at that moment goes on. Dropped each time,
+-- it failed every call then running (XX000: cache lookup failed for function).
+do $guard$
+begin
+  if pg_get_function_arguments(to_regprocedure('asyncproc.conclude(bigint, text, text, boolean, jsonb, text[], oid[], text[], text, text, text, text)'))
+     is distinct from 'execution_id bigint, worker text, next_queue text, succeeded boolean, outcome jsonb, output_names text[], output_types oid[], output_values text[], err_number text, err_message text, err_detail text, err_context text, OUT done_seq bigint, OUT done_status text, OUT next_id bigint, OUT next_seq bigint, OUT next_timeout_ms integer, OUT next_transactional boolean, OUT next_token uuid, OUT next_procedure text' then
+    drop function if exists asyncproc.conclude(bigint, text, text, boolean, jsonb, text[], oid[], text[], text, text, text, text);
+  end if;
+end
+$guard$;
 create or replace function asyncproc.conclude(
   execution_id bigint, worker text, next_queue text, succeeded boolean, outcome jsonb,
   output_names text[], output_types oid[], output_values text[],

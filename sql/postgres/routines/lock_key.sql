@@ -11,7 +11,18 @@ create or replace function asyncproc.lock_key1(execution_id bigint) returns inte
 language sql immutable strict as $$ select x'41530000'::integer | (execution_id >> 32)::integer $$;
 create or replace function asyncproc.lock_key2(execution_id bigint) returns integer
 language sql immutable strict as $$ select execution_id::bit(32)::integer $$;
-drop function if exists asyncproc.lock_key(bigint);
+-- Dropped only when it is not the definition below (CREATE OR REPLACE cannot change its OUT
+-- parameters): applied again as it is (an upgrade, a process of another version), it is replaced
+-- in place and keeps its OID, so a worker inside it at that moment goes on. Dropped each time,
+-- it failed every call then running (XX000: cache lookup failed for function).
+do $guard$
+begin
+  if pg_get_function_arguments(to_regprocedure('asyncproc.lock_key(bigint)'))
+     is distinct from 'execution_id bigint, OUT key1 integer, OUT key2 integer' then
+    drop function if exists asyncproc.lock_key(bigint);
+  end if;
+end
+$guard$;
 create or replace function asyncproc.lock_key(execution_id bigint, out key1 integer, out key2 integer)
 language sql immutable strict as $$
   select asyncproc.lock_key1(execution_id), asyncproc.lock_key2(execution_id)

@@ -5,7 +5,18 @@
 -- subscriber of this worker's process that waits for the call's end: handed the row from here,
 -- it hears the end without a read of the change feed.
 drop function if exists asyncproc.run(bigint, text, text, integer);
-drop function if exists asyncproc.run(bigint, text, text, integer, boolean);
+-- Dropped only when it is not the definition below (CREATE OR REPLACE cannot change its OUT
+-- parameters): applied again as it is (an upgrade, a process of another version), it is replaced
+-- in place and keeps its OID, so a worker inside it at that moment goes on. Dropped each time,
+-- it failed every call then running (XX000: cache lookup failed for function).
+do $guard$
+begin
+  if pg_get_function_arguments(to_regprocedure('asyncproc.run(bigint, text, text, integer, boolean)'))
+     is distinct from 'execution_id bigint, worker text, next_queue text, row_cap integer DEFAULT 100, with_row boolean DEFAULT false, OUT done_seq bigint, OUT done_status text, OUT next_id bigint, OUT next_seq bigint, OUT next_timeout_ms integer, OUT next_transactional boolean, OUT next_token uuid, OUT next_procedure text, OUT done_row jsonb' then
+    drop function if exists asyncproc.run(bigint, text, text, integer, boolean);
+  end if;
+end
+$guard$;
 create or replace function asyncproc.run(
   execution_id bigint, worker text, next_queue text, row_cap integer default 100, with_row boolean default false,
   out done_seq bigint, out done_status text, out next_id bigint, out next_seq bigint, out next_timeout_ms integer,

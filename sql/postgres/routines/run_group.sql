@@ -20,7 +20,18 @@
 -- session can see, so cancel() waits on its ready row until the group commits, and finds it
 -- ended. A cancel of the first call signals the group's statement: the group rolls back and
 -- the worker abandons the first call (CANCELLED); the others are PENDING again.
-drop function if exists asyncproc.run_group(bigint, text, text, integer, integer, integer);
+-- Dropped only when it is not the definition below (CREATE OR REPLACE cannot change its OUT
+-- parameters): applied again as it is (an upgrade, a process of another version), it is replaced
+-- in place and keeps its OID, so a worker inside it at that moment goes on. Dropped each time,
+-- it failed every call then running (XX000: cache lookup failed for function).
+do $guard$
+begin
+  if pg_get_function_arguments(to_regprocedure('asyncproc.run_group(bigint, text, text, integer, integer, integer)'))
+     is distinct from 'execution_id bigint, worker text, next_queue text, max_count integer, max_ms integer, row_cap integer DEFAULT 100' then
+    drop function if exists asyncproc.run_group(bigint, text, text, integer, integer, integer);
+  end if;
+end
+$guard$;
 create or replace function asyncproc.run_group(
   execution_id bigint, worker text, next_queue text, max_count integer, max_ms integer, row_cap integer default 100
 )

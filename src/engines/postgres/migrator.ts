@@ -75,12 +75,38 @@ export function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
   return withMigrationLock(pool, (client) => inTransaction(client, () => applyChangedRoutines(client, dir)));
 }
 
-/** The changed routine files, inside the caller's transaction. */
+/** The revision of the routine files in `dir` (its REVISION file), raised with every change of them. */
+export async function routinesRevision(dir: string): Promise<number> {
+  const revision = Number((await readFile(path.join(dir, 'REVISION'), 'utf8')).trim());
+  if (!Number.isInteger(revision) || revision < 1) throw new Error(`${path.join(dir, 'REVISION')} must hold a positive integer`);
+  return revision;
+}
+
+/**
+ * The changed routine files, inside the caller's transaction; never over the routines of a
+ * newer release (asyncproc.routines_revision, 0016_routines_revision.sql): a downgrade is
+ * refused, and the database's routines stay as the newer release left them.
+ */
 async function applyChangedRoutines(client: pg.PoolClient, dir: string): Promise<string[]> {
   const files = (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort();
   const texts = await Promise.all(files.map((f) => readFile(path.join(dir, f), 'utf8')));
+  const revision = await routinesRevision(dir);
   await client.query(`create table if not exists asyncproc.routines (
       name text primary key, sha256 text not null, applied_at timestamptz not null default now())`);
+  const installed = (await client.query<{ revision: number }>('select revision from asyncproc.routines_revision')).rows[0]?.revision;
+  if (installed !== undefined && installed > revision) {
+    throw new Error(
+      `the routines of this database are revision ${installed}, installed by a newer asyncproc; this release's are revision ${revision}: ` +
+        'run the newer release (a downgrade is not supported: migrations cannot be undone)',
+    );
+  }
+  // what the guard on asyncproc.routines lets through: this revision, for this transaction
+  await client.query(`select set_config('asyncproc.routines_revision', $1, true)`, [String(revision)]);
+  await client.query(
+    `insert into asyncproc.routines_revision as r (revision) values ($1)
+     on conflict (only_row) do update set revision = greatest(r.revision, excluded.revision)`,
+    [revision],
+  );
   const known = new Map(
     (await client.query<{ name: string; sha256: string }>('select name, sha256 from asyncproc.routines')).rows.map((r) => [r.name, r.sha256]),
   );
