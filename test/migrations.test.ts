@@ -39,30 +39,36 @@ const LANDED: Record<string, string> = {
   'mssql/0013_schedules.sql': '4ec042a9d1092caf41fdfabe68280751f3069d6c317970e060ab14fa86a8bc63',
   'mssql/0014_progress.sql': '0ebc5c9559386559d28840b8699e255d1dc7b0303614c713587386a6dc3260b0',
   'mssql/0015_purge_horizon.sql': '22b801c1afdaf13d1e0c402769c4d87fa425de035affd688a84b1b5aab9cc2d8',
+  'mssql/0016_routines_revision.sql': 'ac3790e91d3b70f83e365db3c77e8f2269452c0525b3b571640adc9f48960d1c',
 };
 
 /**
- * The routine files (sql/postgres/routines/*.sql) as of their revision (routines/REVISION): a
- * database records the revision it runs, and a process of an older one may not replace them
- * (0016_routines_revision.sql). Any change of a routine file raises the revision.
+ * The routine files (sql/postgres/routines/*.sql, sql/mssql/procedures/*.sql) as of their
+ * revision (the folder's REVISION): a database records the revision it runs, and a process of an
+ * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
-const ROUTINES = { revision: 1, sha256: 'f9df992376397d3cd2a17477e50863e99b4391abcbf32815de8422b17d2cdb0f' };
+const ROUTINES: Record<string, { revision: number; sha256: string }> = {
+  'postgres/routines': { revision: 1, sha256: 'f9df992376397d3cd2a17477e50863e99b4391abcbf32815de8422b17d2cdb0f' },
+  'mssql/procedures': { revision: 1, sha256: 'f8d378f12332e2b13c9607160756e7af547d8c830c7f1de30e4f4b7a4859cb95' },
+};
 
 describe('routines revision', () => {
-  it('is raised with every change of the routine files', async () => {
-    const dir = new URL('../sql/postgres/routines/', import.meta.url);
-    const hash = createHash('sha256');
-    for (const file of (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort()) {
-      hash.update(`${file}\0`).update(await readFile(new URL(file, dir))).update('\0');
-    }
-    const revision = Number((await readFile(new URL('REVISION', dir), 'utf8')).trim());
-    assert.equal(revision, ROUTINES.revision, 'routines/REVISION and the pin here agree');
-    assert.equal(
-      hash.digest('hex'),
-      ROUTINES.sha256,
-      `the routine files changed: raise sql/postgres/routines/REVISION to ${ROUTINES.revision + 1} and pin their new digest here (a database at an older revision is upgraded; a process of an older one refuses to replace them)`,
-    );
-  });
+  for (const [folder, pinned] of Object.entries(ROUTINES)) {
+    it(`${folder}: raised with every change of its files`, async () => {
+      const dir = new URL(`../sql/${folder}/`, import.meta.url);
+      const hash = createHash('sha256');
+      for (const file of (await readdir(dir)).filter((f) => f.endsWith('.sql')).sort()) {
+        hash.update(`${file}\0`).update(await readFile(new URL(file, dir))).update('\0');
+      }
+      const revision = Number((await readFile(new URL('REVISION', dir), 'utf8')).trim());
+      assert.equal(revision, pinned.revision, `sql/${folder}/REVISION and the pin here agree`);
+      assert.equal(
+        hash.digest('hex'),
+        pinned.sha256,
+        `the files of sql/${folder} changed: raise its REVISION to ${pinned.revision + 1} and pin their new digest here (a database at an older revision is upgraded; a process of an older one refuses to replace them)`,
+      );
+    });
+  }
 });
 
 describe('landed migrations', () => {

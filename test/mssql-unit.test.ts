@@ -1614,6 +1614,21 @@ describe('mssql: identity (0009_identity.sql)', () => {
   });
 });
 
+describe('mssql: the procedures revision guard (0016_routines_revision.sql), checked without a server', () => {
+  it('refuses a write of AsyncExecRoutines by a migrator older than the installed revision, with 50046, inside its transaction', async () => {
+    const text = codeOnly(await readFile(path.join(MSSQL_SQL_DIR, '0016_routines_revision.sql'), 'utf8'));
+    assert.match(text, /CREATE TRIGGER asyncexec\.TR_AsyncExecRoutines_guard ON asyncexec\.AsyncExecRoutines\s+AFTER INSERT, UPDATE/);
+    assert.match(text, /TRY_CONVERT\(int, SESSION_CONTEXT\(N?'\s+'\)\)/);
+    assert.match(text, /IF @installed IS NOT NULL AND @mine < @installed AND EXISTS \(SELECT 1 FROM inserted\)\s+BEGIN[\s\S]+THROW 50046, @message, 1;/);
+    assert.doesNotMatch(text, /SET XACT_ABORT OFF/, "a trigger's error must roll the migrator's transaction back");
+    const migrator = await readFile(new URL('../src/engines/mssql/migrator.ts', import.meta.url), 'utf8');
+    // the migrator says its revision before its first write of AsyncExecRoutines, in the same transaction
+    const said = migrator.indexOf("EXEC sys.sp_set_session_context @key = N'asyncexec.routines_revision', @value = @revision;");
+    const written = migrator.indexOf('UPDATE asyncexec.AsyncExecRoutines SET sha256');
+    assert.ok(said > 0 && said < written);
+  });
+});
+
 describe('mssql: live progress through CONTEXT_INFO, checked without a server', () => {
   it('the run names its call for usp_AsyncExecProgress before running it, stores its last report with the outcome, and clears both after', async () => {
     const run = codeOnly((await currentProcedures()).get('usp_AsyncExecRun')!.text);

@@ -210,10 +210,33 @@ if (url) {
         assert.deepEqual(a[part], b[part], `${part}: upgraded (left) and fresh (right) differ`);
       }
     });
+
+    it("a service of an older release started after the upgrade refuses to start, and ALTERs no procedure", async () => {
+      const [, database] = scratch.map(on);
+      await migrate(database);
+      await withPool(database, async (pool) => {
+        const definition = async () => (await pool.request().query(`SELECT OBJECT_DEFINITION(OBJECT_ID(N'asyncexec.usp_AsyncExecPurge')) AS d`)).recordset[0].d;
+        const before = await definition();
+        // the previous release's migrator: no revision said, its older file applied and recorded, in one transaction
+        const tx = new sql.Transaction(pool);
+        await tx.begin();
+        await new sql.Request(tx).batch(`CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecPurge @olderThanSeconds int AS SELECT 0 AS deleted, 0 AS more;`);
+        await assert.rejects(
+          new sql.Request(tx).query(`UPDATE asyncexec.AsyncExecRoutines SET sha256 = REPLICATE('0', 64) WHERE name = N'usp_AsyncExecPurge.sql'`),
+          (e: any) => e.number === 50046 && /newer asyncproc/.test(e.message),
+        );
+        await tx.rollback().catch(() => undefined); // the trigger's THROW may have rolled it back already
+        assert.equal(await definition(), before, 'the newer definition stays');
+        // one that knows revisions, older than the database's: refused before anything is applied
+        await pool.request().query(`UPDATE asyncexec.AsyncExecRoutinesRevision SET revision = revision + 1`);
+      });
+      await assert.rejects(migrate(database), /installed by a newer asyncproc.*downgrade is not supported/);
+    });
   });
 } else {
   describe('upgrade (SQL Server)', () => {
     it('gives a database built before procedure files exactly the objects of a fresh one', { skip: 'set MSSQL_URL to a SQL Server whose login may CREATE DATABASE' }, () => undefined);
+    it("a service of an older release started after the upgrade refuses to start, and ALTERs no procedure", { skip: 'set MSSQL_URL to a SQL Server whose login may CREATE DATABASE' }, () => undefined);
   });
 }
 

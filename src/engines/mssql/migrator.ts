@@ -189,8 +189,29 @@ export function changedProcedures(files: readonly ProcedureFile[], recorded: Rea
   return files.filter((f) => recorded.get(f.file) !== f.sha256);
 }
 
+/** The revision of the procedure files in `dir` (its REVISION file), raised with every change of them. */
+export async function proceduresRevision(dir: string): Promise<number> {
+  const revision = Number((await readFile(path.join(dir, 'REVISION'), 'utf8')).trim());
+  if (!Number.isInteger(revision) || revision < 1) throw new Error(`${path.join(dir, 'REVISION')} must hold a positive integer`);
+  return revision;
+}
+
+/**
+ * The changed procedure files, in one transaction; never over the procedures of a newer
+ * release (asyncexec.AsyncExecRoutinesRevision, 0016_routines_revision.sql): a downgrade is
+ * refused, and the database's procedures stay as the newer release left them.
+ */
 async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Promise<string[]> {
   const files = await readProcedureFiles(dir);
+  const revision = await proceduresRevision(dir);
+  const installed = (await pool.request().query<{ revision: number }>('SELECT revision FROM asyncexec.AsyncExecRoutinesRevision WHERE only_row = 1'))
+    .recordset[0]?.revision;
+  if (installed !== undefined && installed > revision) {
+    throw new Error(
+      `the procedures of this database are revision ${installed}, installed by a newer asyncproc; this release's are revision ${revision}: ` +
+        'run the newer release (a downgrade is not supported: migrations cannot be undone)',
+    );
+  }
   const known = new Map(
     (await pool.request().query<{ name: string; sha256: string }>('SELECT name, sha256 FROM asyncexec.AsyncExecRoutines')).recordset.map((r) => [
       r.name,
@@ -198,10 +219,16 @@ async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Pr
     ]),
   );
   const changed = changedProcedures(files, known);
-  if (!changed.length) return [];
+  if (!changed.length && installed !== undefined && installed >= revision) return [];
   const tx = new sql.Transaction(pool);
   await tx.begin();
   try {
+    // what the guard on AsyncExecRoutines lets through: this revision, on this connection
+    await new sql.Request(tx).input('revision', sql.Int, revision).query(
+      `EXEC sys.sp_set_session_context @key = N'asyncexec.routines_revision', @value = @revision;
+       UPDATE asyncexec.AsyncExecRoutinesRevision SET revision = @revision WHERE only_row = 1 AND revision < @revision;
+       IF NOT EXISTS (SELECT 1 FROM asyncexec.AsyncExecRoutinesRevision) INSERT asyncexec.AsyncExecRoutinesRevision (only_row, revision) VALUES (1, @revision);`,
+    );
     for (const procedure of changed) {
       try {
         await new sql.Request(tx).batch(procedure.text);
