@@ -34,6 +34,13 @@ const OURS = `o.is_ms_shipped = 0 AND SCHEMA_NAME(o.schema_id) IN (N'asyncexec',
 
 /** Named catalog queries; each orders its rows, and names no id that differs between databases. */
 const CATALOG: Record<string, string> = {
+  triggers: `
+    SELECT OBJECT_NAME(t.parent_id) AS [table], t.name, t.is_disabled, t.is_instead_of_trigger, t.is_not_for_replication,
+           (SELECT STRING_AGG(e.type_desc, N', ') WITHIN GROUP (ORDER BY e.type_desc) FROM sys.trigger_events AS e WHERE e.object_id = t.object_id) AS events
+      FROM sys.triggers AS t
+     WHERE t.parent_class = 1 AND OBJECT_SCHEMA_NAME(t.parent_id) IN (N'asyncexec', N'dbo')
+     ORDER BY 1, 2`,
+  routinesRevision: `SELECT only_row, revision FROM asyncexec.AsyncExecRoutinesRevision`,
   objects: `
     SELECT SCHEMA_NAME(o.schema_id) AS [schema], o.name, o.type, OBJECT_NAME(o.parent_object_id) AS parent,
            OBJECT_DEFINITION(o.object_id) AS definition,

@@ -238,8 +238,11 @@ async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Pr
       await new sql.Request(tx)
         .input('name', sql.NVarChar(260), procedure.file)
         .input('sha256', sql.Char(64), procedure.sha256)
-        .query(`UPDATE asyncexec.AsyncExecRoutines SET sha256 = @sha256, applied_at = SYSUTCDATETIME() WHERE name = @name;
-                IF @@ROWCOUNT = 0 INSERT asyncexec.AsyncExecRoutines (name, sha256) VALUES (@name, @sha256);`);
+        // EXISTS, not @@ROWCOUNT after the UPDATE: what that count is once the table's trigger ran is
+        // not documented (the migration lock serialises every writer of the table)
+        .query(`IF EXISTS (SELECT 1 FROM asyncexec.AsyncExecRoutines WHERE name = @name)
+                  UPDATE asyncexec.AsyncExecRoutines SET sha256 = @sha256, applied_at = SYSUTCDATETIME() WHERE name = @name;
+                ELSE INSERT asyncexec.AsyncExecRoutines (name, sha256) VALUES (@name, @sha256);`);
     }
     await tx.commit();
   } catch (error) {
