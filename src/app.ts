@@ -68,6 +68,8 @@ function edgeOptions(config: Config): Partial<ServerOptions> {
     suggestions: config.ASYNCPROC_SUGGESTIONS,
     corsOrigins: config.ASYNCPROC_CORS_ORIGINS,
     maxSubscriptionsPerConnection: config.ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION,
+    maxNodes: config.ASYNCPROC_MAX_NODES,
+    maxSseStreamsPerCaller: config.ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER,
     operationLimits: {
       maxDepth: config.ASYNCPROC_MAX_DEPTH,
       maxAliases: config.ASYNCPROC_MAX_ALIASES,

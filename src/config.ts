@@ -75,6 +75,10 @@ const schema = z.object({
   ASYNCPROC_MAX_DIRECTIVES: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxDirectives),
   /** graphql-armor's cost: objects 2, scalars 1, ×1.5 per level, × a literal `first`/`last`. */
   ASYNCPROC_MAX_COST: positiveInt.default(DEFAULT_OPERATION_LIMITS.maxCost),
+  /** List items an operation may ask for: each page times the pages around it, with the variables' values. */
+  ASYNCPROC_MAX_NODES: positiveInt.default(10_000),
+  /** Open SSE subscriptions one caller may hold (authentication required). */
+  ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER: positiveInt.default(100),
   /** Subscriptions one graphql-ws connection may hold at once. */
   ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION: positiveInt.default(100),
   /** Feed changes the hub may hold for one event stream whose subscriber does not take them before it ends it with SLOW_CONSUMER. */

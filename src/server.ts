@@ -13,6 +13,7 @@ import { useBodyLimit } from './edge/bodyLimit.js';
 import { corsOptions, useCrossSiteRequestPrevention, webSocketOriginAllowed } from './edge/crossSite.js';
 import { useInputHygiene } from './edge/inputHygiene.js';
 import { useOneSubmissionPerOperation } from './edge/oneSubmission.js';
+import { useGetParameterCheck, useHttpOperations } from './edge/httpOperations.js';
 import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
 import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
@@ -54,6 +55,10 @@ export interface ServerOptions {
   operationLimits?: Partial<OperationLimits>;
   /** Subscriptions one graphql-ws connection may hold. @default 100 */
   maxSubscriptionsPerConnection?: number;
+  /** List items an operation may ask for, its variables' values counted (estimateNodes). @default 10000 */
+  maxNodes?: number;
+  /** Open SSE subscriptions one caller may hold (authentication required). @default 100 */
+  maxSseStreamsPerCaller?: number;
   /** The dashboard at /dashboard/ (`/` redirects there). @default true */
   dashboard?: boolean;
   /** Prometheus metrics at /metrics. @default true */
@@ -152,11 +157,13 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       useReadiness(new Readiness({ engine, hub, logger, ...options.readiness })),
       ...(metrics ? [metrics.plugin()] : []),
       useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
+      useGetParameterCheck(),
       // GraphiQL's own files: plain GETs from the page, served before the checks GraphQL requests get
       useGraphiQLAssets(graphiql),
       ...(options.dashboard === false ? [] : [useDashboard(logger)]),
       useCrossSiteRequestPrevention(),
       useOperationLimits({ ...DEFAULT_OPERATION_LIMITS, ...options.operationLimits }),
+      useHttpOperations({ maxNodes: options.maxNodes, maxSseStreamsPerCaller: options.maxSseStreamsPerCaller, countCallers: auth.required }),
       useSchemaPrivacy({ introspection: options.introspection ?? open, suggestions }),
       useInputHygiene(),
       useOneSubmissionPerOperation(),

@@ -549,3 +549,93 @@ describe('production defaults', () => {
     }
   });
 });
+
+describe('a hostile HTTP peer (a probe with the code open)', () => {
+  it('a GET whose variables or extensions is not JSON gets 400 BAD_REQUEST, not a 500 and a stack in the log; also before credentials are checked', async () => {
+    const secured = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_JWT_SECRET: 'x'.repeat(40) }, log.logger);
+    try {
+      for (const [app, headers] of [[t, { 'x-asyncproc-csrf': '1' }], [secured, { authorization: 'Bearer not-a-token' }]] as const) {
+        for (const name of ['variables', 'extensions']) {
+          const before = log.lines.filter((l) => /unexpected/.test(l.msg)).length;
+          const response = await fetch(`${app.url}?query=${encodeURIComponent('{ __typename }')}&${name}=%7Bbad`, { headers });
+          assert.equal(response.status, 400, name);
+          assert.equal((await response.json()).errors[0].extensions.code, 'BAD_REQUEST');
+          assert.equal(log.lines.filter((l) => /unexpected/.test(l.msg)).length, before, 'nothing unexpected logged');
+        }
+      }
+    } finally {
+      await secured.stop();
+    }
+  });
+
+  it('a subscription over HTTP that does not accept a stream is refused before it subscribes: nothing stays in the hub', async () => {
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, {
+      i: { procedure: 'demo.noop', runAt: new Date(Date.now() + 86_400_000).toISOString() },
+    });
+    const size = t.app.hub!.size;
+    for (const accept of ['application/json', 'application/graphql-response+json', 'text/html']) {
+      for (const query of ['subscription { executionEvents { cursor } }', `subscription { executionCompleted(token: "${body.data.invoke.execution.token}") { status } }`]) {
+        const response = await fetch(t.url, { method: 'POST', headers: { 'content-type': 'application/json', accept }, body: JSON.stringify({ query }) });
+        assert.equal(response.status, 406, `${accept}: ${query}`);
+        await response.text();
+      }
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    assert.equal(t.app.hub!.size, size, 'no subscription was left behind');
+  });
+
+  it('pages asked for by variables or left to their default count as literal ones do (nodes): a nesting of executions and batches is refused, with its variables', async () => {
+    const nested = (first: string) => {
+      const list = first ? `executions(${first})` : 'executions';
+      // four levels: the probe's shape (a page of 20 left to its default is 20^4 items at the bottom)
+      return `${first.includes('$n') ? 'query($n: Int)' : 'query'} { ${list} { nodes { batch { ${list} { nodes { batch { ${list} { nodes { batch { ${list} { nodes { token } } } } } } } } } } } }`;
+    };
+    for (const [query, variables] of [[nested('first: $n'), { n: 30 }], [nested(''), {}], [nested('first: 30'), {}]] as const) {
+      const { status, body } = await t.gql(query, variables);
+      assert.equal(status, 400, JSON.stringify(body).slice(0, 300));
+      assert.ok(body.errors.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX'), JSON.stringify(body).slice(0, 300));
+    }
+    // over graphql-ws too
+    const errors = await within(
+      new Promise<any>((resolve) => {
+        t.ws().subscribe({ query: nested('first: $n'), variables: { n: 30 } }, { next: (r: any) => resolve(r.errors), error: resolve, complete: () => resolve('completed') });
+      }),
+    );
+    assert.ok(Array.isArray(errors) && errors.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX' && e.extensions.limit === 'nodes'), JSON.stringify(errors));
+    // a large page alone is fine
+    const { status, body } = await t.gql(`query($n: Int) { executions(first: $n) { nodes { token } } }`, { n: 500 });
+    assert.equal(status, 200, JSON.stringify(body.errors));
+  });
+
+  it('SSE subscriptions per caller are limited (ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER), and a closed one gives its place back', async () => {
+    const { SignJWT } = await import('jose');
+    const secret = 'y'.repeat(40);
+    const limited = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_JWT_SECRET: secret, ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER: '3' }, log.logger);
+    const jwt = await new SignJWT({ roles: [] }).setProtectedHeader({ alg: 'HS256' }).setSubject('sse-caller').setExpirationTime('10m').sign(new TextEncoder().encode(secret));
+    const headers = { 'content-type': 'application/json', accept: 'text/event-stream', authorization: `Bearer ${jwt}` };
+    const body = JSON.stringify({ query: 'subscription { executionEvents { cursor } }' });
+    const open = () => {
+      const controller = new AbortController();
+      return { controller, response: fetch(limited.url, { method: 'POST', headers, body, signal: controller.signal }) };
+    };
+    try {
+      const streams = [open(), open(), open()];
+      for (const s of streams) assert.equal((await s.response).status, 200);
+      const fourth = await open().response;
+      const text = await fourth.text();
+      assert.ok(fourth.status === 429 || /TOO_MANY_SUBSCRIPTIONS/.test(text), `${fourth.status} ${text}`);
+      assert.match(text, /TOO_MANY_SUBSCRIPTIONS/);
+      streams[0].controller.abort();
+      await waitFor(async () => {
+        const again = open();
+        const response = await again.response;
+        const ok = response.status === 200 && !/TOO_MANY_SUBSCRIPTIONS/.test(await Promise.race([response.text(), new Promise<string>((r) => setTimeout(() => r(''), 300))]));
+        again.controller.abort();
+        return ok;
+      }, 10_000, 'a place to come free');
+      for (const s of streams) s.controller.abort();
+    } finally {
+      await limited.stop();
+    }
+  });
+});
