@@ -13,7 +13,7 @@ import { useBodyLimit } from './edge/bodyLimit.js';
 import { corsOptions, useCrossSiteRequestPrevention, webSocketOriginAllowed } from './edge/crossSite.js';
 import { useInputHygiene } from './edge/inputHygiene.js';
 import { useOneSubmissionPerOperation } from './edge/oneSubmission.js';
-import { useGetParameterCheck, useHttpOperations } from './edge/httpOperations.js';
+import { useGetParameterCheck, useHttpOperations, useShortParserErrors } from './edge/httpOperations.js';
 import { DEFAULT_OPERATION_LIMITS, useOperationLimits, type OperationLimits } from './edge/operationLimits.js';
 import { hideSuggestions, useSchemaPrivacy } from './edge/schemaPrivacy.js';
 import { refuseBeyondSubscriptionLimit } from './edge/subscriptionLimit.js';
@@ -158,6 +158,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       ...(metrics ? [metrics.plugin()] : []),
       useBodyLimit(options.maxBodyBytes ?? 1024 * 1024),
       useGetParameterCheck(),
+      useShortParserErrors(),
       // GraphiQL's own files: plain GETs from the page, served before the checks GraphQL requests get
       useGraphiQLAssets(graphiql),
       ...(options.dashboard === false ? [] : [useDashboard(logger)]),

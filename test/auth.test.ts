@@ -129,6 +129,9 @@ describe('authentication', () => {
       ['garbage', 'not-a-token', /malformed/],
       // good for ever once leaked, and a JWT cannot be revoked
       ['no exp', await token('alice', [], { expiresIn: null }), /"exp"/],
+      // an API key's identity: the JWT would own that key's calls
+      ['an API key subject', await token('apikey:deploy-bot'), /apikey:/],
+      ['an API key subject, in capitals', await token('APIKEY:deploy-bot'), /apikey:/],
     ];
     for (const [what, jwt, message] of cases) {
       const error = await refused(() => t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 2 } }) { execution { token } } }`, {}, { authorization: `Bearer ${jwt}` }), 'UNAUTHENTICATED', 401);

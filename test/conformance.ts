@@ -759,9 +759,12 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       }
     });
 
-    it("the service's own routines are not procedures to run: registering one is BAD_USER_INPUT and changes nothing", async () => {
+    it("the service's own routines and the database's are not procedures to run: registering one is BAD_USER_INPUT and changes nothing", async () => {
       const before = await engine.listProcedures();
-      const own = engine.kind === 'mssql' ? ['asyncexec.usp_AsyncExecPurge', 'asyncexec.usp_AsyncExecInvoke'] : ['asyncproc.purge', 'asyncproc.recover'];
+      // the database's own: registered, any caller allowed to invoke could run them with the service's rights
+      const own = engine.kind === 'mssql'
+        ? ['asyncexec.usp_AsyncExecPurge', 'asyncexec.usp_AsyncExecInvoke', 'sys.sp_who', 'sys.sp_configure']
+        : ['asyncproc.purge', 'asyncproc.recover', 'pg_catalog.pg_sleep', 'pg_catalog.pg_terminate_backend'];
       for (const name of own) await assert.rejects(engine.registerProcedure(name), isCode('BAD_USER_INPUT'), name);
       assert.deepEqual(await engine.listProcedures(), before);
     });

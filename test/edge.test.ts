@@ -593,7 +593,7 @@ describe('a hostile HTTP peer (a probe with the code open)', () => {
     for (const [query, variables] of [[nested('first: $n'), { n: 30 }], [nested(''), {}], [nested('first: 30'), {}]] as const) {
       const { status, body } = await t.gql(query, variables);
       assert.equal(status, 400, JSON.stringify(body).slice(0, 300));
-      assert.ok(body.errors.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX'), JSON.stringify(body).slice(0, 300));
+      assert.ok(body.errors?.some((e: any) => e.extensions?.code === 'QUERY_TOO_COMPLEX'), JSON.stringify(body).slice(0, 300));
     }
     // over graphql-ws too
     const errors = await within(
@@ -605,6 +605,22 @@ describe('a hostile HTTP peer (a probe with the code open)', () => {
     // a large page alone is fine
     const { status, body } = await t.gql(`query($n: Int) { executions(first: $n) { nodes { token } } }`, { n: 500 });
     assert.equal(status, 200, JSON.stringify(body.errors));
+  });
+
+  it('a bare word inside a JSON literal is refused, not dropped (the call was refused for a missing argument instead)', async () => {
+    const before = await total();
+    const { body } = await t.gql('mutation { invoke(input: { procedure: "demo.record", arguments: { tag: FOO } }) { execution { token } } }');
+    assert.equal(body.errors?.[0]?.extensions?.code, 'GRAPHQL_VALIDATION_FAILED', JSON.stringify(body));
+    assert.match(body.errors[0].message, /bare word/);
+    assert.equal(await total(), before, 'nothing enqueued');
+  });
+
+  it('a body that is not JSON gets 400, and its answer does not quote the body back', async () => {
+    const response = await fetch(t.url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"query": "${'A'.repeat(60_000)}", oops` });
+    const text = await response.text();
+    assert.equal(response.status, 400);
+    assert.equal(JSON.parse(text).errors[0].extensions.code, 'BAD_REQUEST');
+    assert.ok(text.length < 1000, `${text.length} characters answered`);
   });
 
   it('SSE subscriptions per caller are limited (ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER), and a closed one gives its place back', async () => {

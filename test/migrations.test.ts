@@ -48,8 +48,8 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 1, sha256: 'f9df992376397d3cd2a17477e50863e99b4391abcbf32815de8422b17d2cdb0f' },
-  'mssql/procedures': { revision: 1, sha256: 'f8d378f12332e2b13c9607160756e7af547d8c830c7f1de30e4f4b7a4859cb95' },
+  'postgres/routines': { revision: 2, sha256: 'c2195caed75f946ff4e16db65acfb53d38fc1e40a898ffbaf341b455664b3caa' },
+  'mssql/procedures': { revision: 2, sha256: '76a714c23270e7de6a9dbe81c8a60049af6552a2df06d9da0e7e227c95505991' },
 };
 
 describe('routines revision', () => {

@@ -9,8 +9,15 @@ import { textProblem } from '../schema/input.js';
  * surrogate (stored as U+FFFD, the caller would no longer own its own calls).
  */
 export function usableSubject(subject: unknown): subject is string {
-  return typeof subject === 'string' && subject !== '' && subject.length <= 256 && !/[\u0000-\u001f]/.test(subject) && !textProblem(subject);
+  return typeof subject === 'string' && subject !== '' && subject.length <= 256 && !/[\u0000-\u001f]/.test(subject) && !textProblem(subject) && !apiKeySubject(subject);
 }
+
+/**
+ * `apikey:<name>` is the identity of an API key (its calls' `submittedBy`, what ownership compares):
+ * no other credential may carry it, or a JWT whose `sub` an identity provider let a user choose
+ * would read and cancel that key's calls.
+ */
+export const apiKeySubject = (subject: string) => subject.toLowerCase().startsWith('apikey:');
 
 export interface JwtSettings {
   /** HS256/384/512 shared secret. */
@@ -91,6 +98,9 @@ export class JwtVerifier {
       }
     } catch (error) {
       throw toTokenError(error);
+    }
+    if (typeof payload.sub === 'string' && apiKeySubject(payload.sub)) {
+      throw new TokenError('the token\'s "sub" may not start with "apikey:", the identities of API keys');
     }
     if (!usableSubject(payload.sub)) {
       throw new TokenError('the token has no usable "sub" claim (the caller\'s identity)');

@@ -192,3 +192,26 @@ export function useHttpOperations(options: HttpOperationOptions): Plugin {
     },
   };
 }
+
+/**
+ * `extensions.originalError` of the request parser's errors cut to 120 characters: yoga puts
+ * JSON.parse's own error there for a body that is not JSON, and its message quotes the body back
+ * (60 KB sent, 60 KB answered). The error's own message and code say what was wrong.
+ */
+export function useShortParserErrors(): Plugin {
+  return {
+    onRequestParse({ requestParser, setRequestParser }) {
+      if (!requestParser) return;
+      setRequestParser(async (request) => {
+        try {
+          return await requestParser(request);
+        } catch (error) {
+          // cut, not removed: yoga answers 400 rather than 200 by its presence
+          const original = (error as { extensions?: { originalError?: { message?: unknown } } })?.extensions?.originalError;
+          if (original && typeof original.message === 'string' && original.message.length > 120) original.message = `${original.message.slice(0, 120)}…`;
+          throw error;
+        }
+      });
+    },
+  };
+}

@@ -1,6 +1,7 @@
 import SchemaBuilder from '@pothos/core';
 import RelayPlugin from '@pothos/plugin-relay';
 import { DateTimeResolver, JSONResolver } from 'graphql-scalars';
+import { GraphQLError, GraphQLScalarType, Kind, type ValueNode } from 'graphql';
 import type { Principal } from '../auth/principal.js';
 import type { CompletionHub } from '../completionHub.js';
 import type { Engine } from '../engine.js';
@@ -55,7 +56,27 @@ export const builder = new SchemaBuilder<{
   },
 });
 
-builder.addScalarType('JSON', JSONResolver);
+/** Whether a literal holds a bare word (an enum literal) anywhere: no JSON value is one. */
+function holdsEnum(ast: ValueNode): boolean {
+  if (ast.kind === Kind.ENUM) return true;
+  if (ast.kind === Kind.LIST) return ast.values.some(holdsEnum);
+  if (ast.kind === Kind.OBJECT) return ast.fields.some((field) => holdsEnum(field.value));
+  return false;
+}
+
+/**
+ * graphql-scalars' JSON, refusing a literal with a bare word in it (`arguments: { tag: FOO }`):
+ * it dropped the key without a word, and the call was refused for a missing argument instead.
+ */
+const JSONScalar = new GraphQLScalarType({
+  ...JSONResolver.toConfig(),
+  parseLiteral(ast, variables) {
+    if (holdsEnum(ast)) throw new GraphQLError('a bare word is not a JSON value: quote it ("FOO")');
+    return JSONResolver.parseLiteral(ast, variables);
+  },
+});
+
+builder.addScalarType('JSON', JSONScalar);
 builder.addScalarType('DateTime', DateTimeResolver);
 
 builder.queryType({ description: 'Read executions, procedures and queues.' });

@@ -51,6 +51,14 @@ BEGIN
         SET @message = CONCAT(N'"', @registered, N'" is one of the service''s own procedures (schema asyncexec), not a procedure to run as a call');
         THROW 50005, @message, 1;
     END;
+    -- nor are SQL Server's own (schema sys, INFORMATION_SCHEMA, any object Microsoft ships:
+    -- OBJECTPROPERTY IsMSShipped): registered, any caller allowed to invoke could run them with
+    -- the service's rights
+    IF @schema IN (N'sys', N'INFORMATION_SCHEMA') OR OBJECTPROPERTY(@object, N'IsMSShipped') = 1
+    BEGIN
+        SET @message = CONCAT(N'"', @registered, N'" is one of SQL Server''s own procedures, not a procedure to run as a call');
+        THROW 50005, @message, 1;
+    END;
 
     IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100
     BEGIN
