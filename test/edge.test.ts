@@ -623,6 +623,23 @@ describe('a hostile HTTP peer (a probe with the code open)', () => {
     assert.ok(text.length < 1000, `${text.length} characters answered`);
   });
 
+  it('estimateNodes counts each page as asked (a literal, a variable, the default when left out, the larger of first and last), times the pages around it, through fragments', async () => {
+    const { buildSchema, parse } = await import('graphql');
+    const { readFile } = await import('node:fs/promises');
+    const { estimateNodes } = await import('../src/edge/httpOperations.js');
+    const schema = buildSchema(await readFile(new URL('../schema/schema.graphql', import.meta.url), 'utf8'));
+    const nodes = (query: string, variables: Record<string, unknown> = {}) => estimateNodes(schema, parse(query), null, variables);
+    assert.equal(nodes('{ executions(first: 5) { nodes { token } } }'), 5);
+    assert.equal(nodes('{ executions(first: 5, last: 3) { nodes { token } } }'), 5);
+    assert.equal(nodes('{ executions(last: 7) { nodes { token } } }'), 7);
+    assert.equal(nodes('{ executions { nodes { token } } }'), 20);
+    assert.equal(nodes('query($n: Int) { executions(first: $n) { nodes { token } } }', { n: 40 }), 40);
+    assert.equal(nodes('query($n: Int) { executions(first: $n) { nodes { token } } }'), 20, 'a variable not given: the default');
+    assert.equal(nodes('{ executions(first: 10) { nodes { batch { executions(first: 3) { nodes { token } } } } } }'), 10 + 30);
+    assert.equal(nodes('{ executions(first: 10) { ...page } } fragment page on ExecutionConnection { nodes { batch { executions(first: 3) { nodes { token } } } } }'), 40);
+    assert.equal(nodes('{ procedures { name } }'), 0, 'a list that does not page counts nothing');
+  });
+
   it('SSE subscriptions per caller are limited (ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER), and a closed one gives its place back', async () => {
     const { SignJWT } = await import('jose');
     const secret = 'y'.repeat(40);

@@ -65,12 +65,10 @@ export function estimateNodes(schema: GraphQLSchema, document: DocumentNode, ope
   if (!operation) return 0;
   const root = schema.getRootType(operation.operation);
   if (!root) return 0;
-  const page = (value: ValueNode | undefined, fallback: unknown): number => {
-    let n: unknown = fallback ?? DEFAULT_PAGE;
-    if (value?.kind === Kind.INT) n = Number(value.value);
-    else if (value?.kind === Kind.VARIABLE) n = variables?.[value.name.value] ?? fallback ?? DEFAULT_PAGE;
-    else if (value?.kind === Kind.NULL) n = fallback ?? DEFAULT_PAGE;
-    return typeof n === 'number' && Number.isFinite(n) && n > 0 ? n : 0;
+  /** The page a `first`/`last` argument asks for: a literal, a variable's value; undefined when not given. */
+  const given = (value: ValueNode | undefined): number | undefined => {
+    const n = value?.kind === Kind.INT ? Number(value.value) : value?.kind === Kind.VARIABLE ? variables?.[value.name.value] : undefined;
+    return typeof n === 'number' && Number.isFinite(n) ? Math.max(n, 0) : undefined;
   };
   const walk = (type: GraphQLCompositeType, selections: SelectionSetNode, around: number, seen: Set<string>): number => {
     let nodes = 0;
@@ -82,9 +80,10 @@ export function estimateNodes(schema: GraphQLSchema, document: DocumentNode, ope
         const paging = field.args.filter((a) => a.name === 'first' || a.name === 'last');
         let here = around;
         if (paging.length) {
-          const asked = paging.map((a) => page(selection.arguments?.find((arg) => arg.name.value === a.name)?.value, a.defaultValue));
-          // both given: the larger; neither: the default
-          here = around * Math.max(...asked);
+          const asked = paging.map((a) => given(selection.arguments?.find((arg) => arg.name.value === a.name)?.value)).filter((n) => n !== undefined);
+          // both given: the larger; neither: the field's default (the schema's, or the resolvers' DEFAULT_PAGE)
+          const fallback = paging.map((a) => a.defaultValue).find((d): d is number => typeof d === 'number') ?? DEFAULT_PAGE;
+          here = around * (asked.length ? Math.max(...asked) : fallback);
           nodes += here;
         }
         const inner = getNamedType(field.type);
