@@ -91,7 +91,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       // first one on a 'connect' event is deprecated by pg, and goes in pg 9)
       onConnect: (client) => liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits')),
     });
-    this.pool.on('error', (error) => this.logger.warn({ err: error }, 'idle pool connection failed'));
+    // the error without the pool's `client` on it (pg-pool attaches the whole connection: a page of JSON a line)
+    this.pool.on('error', (error) =>
+      this.logger.warn({ err: { type: error.name, message: error.message, code: (error as { code?: string }).code } }, 'idle pool connection failed'),
+    );
     this.notifier = new Notifier(options.connectionString, this.logger);
     this.coalescer = new SubmitCoalescer(this.pool);
     this.progress = new ProgressRelay(this.pool, this.logger);
