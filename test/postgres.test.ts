@@ -272,7 +272,8 @@ describe('executionCompleted of a call this process runs', () => {
 });
 
 describe('single calls of separate requests share statements', () => {
-  const tagged = (tag: string): InvokeCall => ({ procedure: 'demo.record', arguments: { tag }, queue: 'coalesce_idle' });
+  // due in an hour: the file's worker pool serves every queue, and a call it ran would have a later writer
+  const tagged = (tag: string): InvokeCall => ({ procedure: 'demo.record', arguments: { tag }, queue: 'coalesce_idle', runAt: new Date(Date.now() + 3_600_000) });
   const writers = async (tokens: string[]) =>
     (await sql.query<{ xid: string }>(`select xid::text as xid from asyncproc.executions where token = any($1::uuid[])`, [tokens])).rows.map((r) => r.xid);
   before(() => engine.configureQueue('coalesce_idle', 1));
