@@ -697,10 +697,10 @@ export class CompletionHub implements ListenerSink, Closeable {
     limit: number,
     read: (request: ChangeRead) => Promise<ChangePage | null>,
     upTo?: Snapshot,
-    from?: { writer: bigint; order: bigint },
+    from?: ChangeRead['after'],
   ): AsyncGenerator<FeedBatch> {
     let upper = upTo;
-    let after: { writer: bigint; order: bigint } | undefined = from;
+    let after = from;
     for (;;) {
       const page = await read({ filter, limit, upTo: upper, after });
       if (!page) return;

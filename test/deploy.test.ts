@@ -16,7 +16,8 @@ import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import type { Closeable } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
-import { applyRoutines, POSTGRES_SQL_DIR, routinesRevision } from '../src/engines/postgres/migrator.js';
+import { routinesRevision } from '../src/engines/migrationFiles.js';
+import { applyRoutines, POSTGRES_SQL_DIR } from '../src/engines/postgres/migrator.js';
 import { startTestApp } from './support/app.js';
 import { freePort, startDemoDatabase, startTestCluster, waitFor, type TestCluster } from './support/database.js';
 

@@ -19,7 +19,8 @@ import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
 import { isTerminal } from '../src/engine.js';
 import { createPostgresEngine } from '../src/engines/postgres/index.js';
-import { applyRoutines, migrate, POSTGRES_SQL_DIR, routinesRevision } from '../src/engines/postgres/migrator.js';
+import { routinesRevision } from '../src/engines/migrationFiles.js';
+import { applyRoutines, migrate, POSTGRES_SQL_DIR } from '../src/engines/postgres/migrator.js';
 import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
 /** The landed scripts the first migrator applied (pinned by test/migrations.test.ts). */

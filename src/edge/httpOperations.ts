@@ -17,9 +17,9 @@ import { QUERY_TOO_COMPLEX } from './operationLimits.js';
 /** A list field's page when `first`/`last` is left out (the resolvers' default). */
 const DEFAULT_PAGE = 20;
 
-const badRequest = (message: string, status = 400) =>
+const badRequest = (message: string) =>
   new Response(JSON.stringify({ errors: [{ message, extensions: { code: 'BAD_REQUEST' } }] }), {
-    status,
+    status: 400,
     headers: { 'content-type': 'application/json; charset=utf-8' },
   });
 

@@ -4,6 +4,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import sql from 'mssql';
 import { splitBatches } from './batches.js';
+import { refuseOlderRevision, routinesRevision } from '../migrationFiles.js';
 
 export const MSSQL_SQL_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../sql/mssql');
 
@@ -189,13 +190,6 @@ export function changedProcedures(files: readonly ProcedureFile[], recorded: Rea
   return files.filter((f) => recorded.get(f.file) !== f.sha256);
 }
 
-/** The revision of the procedure files in `dir` (its REVISION file), raised with every change of them. */
-export async function proceduresRevision(dir: string): Promise<number> {
-  const revision = Number((await readFile(path.join(dir, 'REVISION'), 'utf8')).trim());
-  if (!Number.isInteger(revision) || revision < 1) throw new Error(`${path.join(dir, 'REVISION')} must hold a positive integer`);
-  return revision;
-}
-
 /**
  * The changed procedure files, in one transaction; never over the procedures of a newer
  * release (asyncexec.AsyncExecRoutinesRevision, 0016_routines_revision.sql): a downgrade is
@@ -203,15 +197,10 @@ export async function proceduresRevision(dir: string): Promise<number> {
  */
 async function applyChangedProcedures(pool: sql.ConnectionPool, dir: string): Promise<string[]> {
   const files = await readProcedureFiles(dir);
-  const revision = await proceduresRevision(dir);
+  const revision = await routinesRevision(dir);
   const installed = (await pool.request().query<{ revision: number }>('SELECT revision FROM asyncexec.AsyncExecRoutinesRevision WHERE only_row = 1'))
     .recordset[0]?.revision;
-  if (installed !== undefined && installed > revision) {
-    throw new Error(
-      `the procedures of this database are revision ${installed}, installed by a newer asyncproc; this release's are revision ${revision}: ` +
-        'run the newer release (a downgrade is not supported: migrations cannot be undone)',
-    );
-  }
+  refuseOlderRevision('procedures', installed, revision);
   const known = new Map(
     (await pool.request().query<{ name: string; sha256: string }>('SELECT name, sha256 FROM asyncexec.AsyncExecRoutines')).recordset.map((r) => [
       r.name,

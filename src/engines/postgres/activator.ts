@@ -147,8 +147,7 @@ class QueueWorkers {
           // every slot is held elsewhere: give the connection back while waiting (connections then
           // follow the slots held, not processes × concurrency), and stay off the doorbell, whose
           // rings are meant for loops that can claim
-          this.clients.delete(client);
-          await client.end().catch(() => undefined);
+          await this.drop(client);
           client = null;
           await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
           continue;
@@ -159,17 +158,21 @@ class QueueWorkers {
         const err = toError(error);
         options.logger.warn({ err, worker }, 'worker slot lost its connection; reconnecting');
         options.onError?.(err);
-        if (client) this.clients.delete(client);
-        await client?.end().catch(() => undefined);
+        if (client) await this.drop(client);
         client = null;
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 5000);
       }
     }
-    if (client) this.clients.delete(client);
-    await client?.end().catch(() => undefined);
+    if (client) await this.drop(client);
     // a surplus loop's slot is free now: a loop of this process waiting for one need not wait for its next probe
     this.vacancy.ring(true);
+  }
+
+  /** A loop's connection closed, and no longer one of this queue's (handBack looks among them). */
+  private async drop(client: SlotClient): Promise<void> {
+    this.clients.delete(client);
+    await client.end().catch(() => undefined);
   }
 
   /** Hold one of the queue's slots (session-level lock: released when this connection closes). */

@@ -4,7 +4,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type pg from 'pg';
 import type { SchemaVersion } from '../../engine.js';
-import { highestMigration } from '../migrationFiles.js';
+import { highestMigration, refuseOlderRevision, routinesRevision } from '../migrationFiles.js';
 
 export const POSTGRES_SQL_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../../sql/postgres');
 
@@ -75,13 +75,6 @@ export function applyRoutines(pool: pg.Pool, dir: string): Promise<string[]> {
   return withMigrationLock(pool, (client) => inTransaction(client, () => applyChangedRoutines(client, dir)));
 }
 
-/** The revision of the routine files in `dir` (its REVISION file), raised with every change of them. */
-export async function routinesRevision(dir: string): Promise<number> {
-  const revision = Number((await readFile(path.join(dir, 'REVISION'), 'utf8')).trim());
-  if (!Number.isInteger(revision) || revision < 1) throw new Error(`${path.join(dir, 'REVISION')} must hold a positive integer`);
-  return revision;
-}
-
 /**
  * The changed routine files, inside the caller's transaction; never over the routines of a
  * newer release (asyncproc.routines_revision, 0016_routines_revision.sql): a downgrade is
@@ -94,12 +87,7 @@ async function applyChangedRoutines(client: pg.PoolClient, dir: string): Promise
   await client.query(`create table if not exists asyncproc.routines (
       name text primary key, sha256 text not null, applied_at timestamptz not null default now())`);
   const installed = (await client.query<{ revision: number }>('select revision from asyncproc.routines_revision')).rows[0]?.revision;
-  if (installed !== undefined && installed > revision) {
-    throw new Error(
-      `the routines of this database are revision ${installed}, installed by a newer asyncproc; this release's are revision ${revision}: ` +
-        'run the newer release (a downgrade is not supported: migrations cannot be undone)',
-    );
-  }
+  refuseOlderRevision('routines', installed, revision);
   // what the guard on asyncproc.routines lets through: this revision, for this transaction
   await client.query(`select set_config('asyncproc.routines_revision', $1, true)`, [String(revision)]);
   await client.query(
