@@ -21,6 +21,7 @@ import { leftOpenBatch } from '../src/engines/mssql/listener.js';
 import { databaseProbe, databaseProblems, type DatabaseProbe } from '../src/engines/mssql/checks.js';
 import { canReadOtherSessions } from '../src/engines/mssql/progress.js';
 import mssql from 'mssql';
+import type pg from 'pg';
 import { silentLogger } from '../src/logger.js';
 import { peakConcurrency, waitFor } from './support/database.js';
 
@@ -767,6 +768,39 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         : ['asyncproc.purge', 'asyncproc.recover', 'pg_catalog.pg_sleep', 'pg_catalog.pg_terminate_backend'];
       for (const name of own) await assert.rejects(engine.registerProcedure(name), isCode('BAD_USER_INPUT'), name);
       assert.deepEqual(await engine.listProcedures(), before);
+    });
+
+    it("a registration an earlier release made of the database's own procedure (or, on SQL Server, of one named like a system procedure) is not run: its call is UNKNOWN_PROCEDURE and enqueues nothing", async () => {
+      // what an earlier release let through, written as it wrote it: straight into the registrations
+      const sneaked: string[] = [];
+      if (engine.kind === 'mssql') {
+        const pool = (engine as unknown as MssqlEngine).pool;
+        // "If a user-defined procedure has the same name as a system procedure, the user-defined
+        // procedure might not ever execute": a call of dbo.sp_who may run sys.sp_who
+        await pool.request().batch(`CREATE OR ALTER PROCEDURE dbo.sp_who AS SELECT 1;`);
+        await assert.rejects(engine.registerProcedure('dbo.sp_who'), (e: any) => isCode('BAD_USER_INPUT')(e) && /sys\.sp_who/.test(e.message));
+        await pool.request().batch(`INSERT INTO asyncexec.AsyncExecProcedures (name, schema_name, procedure_name) VALUES (N'dbo.sp_who', N'dbo', N'sp_who');`);
+        sneaked.push('dbo.sp_who');
+      } else {
+        const pool = (engine as unknown as { pool: pg.Pool }).pool;
+        await pool.query(`insert into asyncproc.procedures (name, proc, signature)
+          values ('pg_catalog.pg_sleep', 'pg_catalog.pg_sleep(double precision)'::regprocedure,
+                  asyncproc.signature('pg_catalog.pg_sleep(double precision)'::regprocedure))`);
+        sneaked.push('pg_catalog.pg_sleep');
+      }
+      try {
+        for (const procedure of sneaked) {
+          await expectRefusal({ procedure, arguments: engine.kind === 'mssql' ? {} : { seconds: 0 } }, 'UNKNOWN_PROCEDURE', /own procedure|own routines|unregister it/);
+          await assert.rejects(engine.submitBatch([[{ procedure, arguments: {} }]]), isCode('UNKNOWN_PROCEDURE'));
+        }
+      } finally {
+        if (engine.kind === 'mssql') {
+          const pool = (engine as unknown as MssqlEngine).pool;
+          await pool.request().batch(`DELETE FROM asyncexec.AsyncExecProcedures WHERE name = N'dbo.sp_who'; DROP PROCEDURE IF EXISTS dbo.sp_who;`);
+        } else {
+          await (engine as unknown as { pool: pg.Pool }).pool.query(`delete from asyncproc.procedures where name = 'pg_catalog.pg_sleep'`);
+        }
+      }
     });
 
     it('unregister: new calls are refused, executions already submitted still run and stay readable; unknown names are NOT_FOUND', async () => {

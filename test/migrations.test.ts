@@ -48,8 +48,8 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 2, sha256: 'c2195caed75f946ff4e16db65acfb53d38fc1e40a898ffbaf341b455664b3caa' },
-  'mssql/procedures': { revision: 2, sha256: '76a714c23270e7de6a9dbe81c8a60049af6552a2df06d9da0e7e227c95505991' },
+  'postgres/routines': { revision: 3, sha256: '7d3e75e4fdf4d1136405e0f8e55699856f40d27e1ad8d074b1102d7c4ecec5d3' },
+  'mssql/procedures': { revision: 3, sha256: '334439dc3842636cb89f0aa7fbf5fad901af6325c1f39877dab3ccc35f09c361' },
 };
 
 describe('routines revision', () => {

@@ -265,6 +265,24 @@ describe('mssql: T-SQL rules checked without a server', () => {
     }
   });
 
+  it("refuses, at registration and again at every call before its first write, a procedure not to run as a call (SQL Server's own, or named like it)", async () => {
+    const current = await currentProcedures();
+    const refusal = codeOnly(await readFile(path.join(MSSQL_SQL_DIR, 'procedures', 'AsyncExecRefusedProcedure.sql'), 'utf8'));
+    // as owner: what a caller's metadata visibility hides would otherwise pass
+    assert.match(refusal, /RETURNS nvarchar\(400\)\s+WITH EXECUTE AS OWNER/);
+    // the catalog is read only for sp_ names, and the names compare under the database's collation
+    assert.match(refusal, /IF @name LIKE '\s*'\s+BEGIN\s+IF EXISTS \(SELECT 1 FROM sys\.system_objects AS s WHERE s\.name = @name COLLATE DATABASE_DEFAULT/);
+    const register = codeOnly(current.get('usp_AsyncExecRegister')!.text);
+    const invoke = codeOnly(current.get('usp_AsyncExecInvoke')!.text);
+    for (const [name, code, error] of [['usp_AsyncExecRegister', register, 50005], ['usp_AsyncExecInvoke', invoke, 50001]] as const) {
+      const read = code.search(/SET @refused = asyncexec\.AsyncExecRefusedProcedure\(@object\);\s+IF @refused IS NOT NULL/);
+      assert.ok(read > 0, `${name} asks AsyncExecRefusedProcedure`);
+      assert.match(code.slice(read, read + 400), new RegExp(`THROW ${error},`), `${name} refuses with ${error}`);
+      const firstWrite = code.search(/\b(INSERT|UPDATE|MERGE|DELETE|SEND|BEGIN DIALOG)\b/);
+      assert.ok(read < firstWrite, `${name} refuses before its first write`);
+    }
+  });
+
   it('keeps poison-message handling off and activation procedures running as owner', async () => {
     const all = (await scripts()).map((s) => codeOnly(s.text)).join('\n');
     const text = (await scripts()).map((s) => s.text).join('\n');

@@ -103,3 +103,24 @@ export function peakConcurrency(rows: readonly { startedAt: Date | null; finishe
   for (const edge of edges) peak = Math.max(peak, (running += edge.delta));
   return peak;
 }
+
+/**
+ * Teardown steps of a test file, each bounded: a step that does not end within `ms` is named on
+ * stderr with what still keeps the process alive, and the next step runs. A test file whose
+ * teardown hangs otherwise times out as a whole, after its tests passed, without saying why.
+ */
+export async function tearDown(steps: [string, () => Promise<unknown> | undefined][], ms = 20_000): Promise<void> {
+  for (const [label, step] of steps) {
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => {
+      timer = setTimeout(() => resolve('late'), ms);
+    });
+    const outcome = await Promise.race([Promise.resolve(step()).then(() => 'done' as const, (error: unknown) => error), late]);
+    clearTimeout(timer);
+    if (outcome === 'late') {
+      process.stderr.write(`teardown: "${label}" did not end within ${ms} ms; alive: ${process.getActiveResourcesInfo().join(', ')}\n`);
+    } else if (outcome !== 'done') {
+      process.stderr.write(`teardown: "${label}" failed: ${String(outcome)}\n`);
+    }
+  }
+}

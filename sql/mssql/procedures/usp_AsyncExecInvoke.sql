@@ -11,7 +11,8 @@
 -- EXECUTE AS OWNER: callers need only EXECUTE on this procedure, not SEND on the
 -- services or SELECT on the catalog; ORIGINAL_LOGIN() still names the real caller.
 -- usp_AsyncExecInvoke as in 0007_batches.sql, and: a withdrawn registration is not
--- registered (50001); @callerRoles is checked against the procedure's roles (50009).
+-- registered (50001), nor is one of a procedure not to run as a call (50001,
+-- asyncexec.AsyncExecRefusedProcedure); @callerRoles is checked against the procedure's roles (50009).
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecInvoke
     @procedure   nvarchar(261),
     @arguments   nvarchar(max) = N'{}',
@@ -31,7 +32,7 @@ BEGIN
     DECLARE @message nvarchar(2048), @problems nvarchar(max), @registered nvarchar(261), @registeredQueue nvarchar(100),
             @registeredAttempts int, @object int, @service nvarchar(256), @status varchar(10),
             @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max),
-            @queueName nvarchar(100);
+            @queueName nvarchar(100), @refused nvarchar(400);
     SET @arguments = COALESCE(@arguments, N'{}');
 
     SELECT @registered = r.name, @registeredQueue = r.queue, @registeredAttempts = r.max_attempts, @registeredRoles = r.roles,
@@ -51,6 +52,16 @@ BEGIN
             FROM asyncexec.AsyncExecProcedures AS r
             WHERE r.unregistered_at IS NULL AND r.name LIKE N'%.' + REPLACE(REPLACE(REPLACE(@procedure, N'[', N'[[]'), N'%', N'[%]'), N'_', N'[_]')
             HAVING COUNT(*) > 0;
+        THROW 50001, @message, 1;
+    END;
+    -- a registration an earlier release made of a procedure that is not one to run as a call
+    -- (SQL Server's own, or one named like it: usp_AsyncExecRegister refuses them now) is not
+    -- run: the activation's EXECUTE AS OWNER would run it with the owner's rights
+    SET @refused = asyncexec.AsyncExecRefusedProcedure(@object);
+    IF @refused IS NOT NULL
+    BEGIN
+        SET @message = CONCAT(N'procedure "', @registered, N'" is ', @refused, N', not a procedure to run as a call',
+                              N' (registered before the service refused such procedures: unregister it)');
         THROW 50001, @message, 1;
     END;
 
@@ -153,7 +164,8 @@ BEGIN
             -- after it: a conversion to uniqueidentifier reads the first 36 characters of a longer
             -- string and ignores the rest ("uniqueidentifier (Transact-SQL)", Converting
             -- uniqueidentifier data), so '<guid>xyz' would pass and run as <guid>. DATALENGTH too:
-            -- LIKE ignores trailing blanks of the matched expression
+            -- whether LIKE counts trailing blanks of the matched expression, "LIKE (Transact-SQL)"
+            -- answers by version and data type; the length settles it either way
             SET @ok = 0;
         ELSE IF @base IN (N'varbinary', N'binary')
             SET @ok = CASE

@@ -9,8 +9,9 @@
 -- permission ALTER ANY CONNECTION that the activation's EXECUTE AS OWNER context (scoped to the
 -- database) never has (docs/mssql.md, "Timeouts"). A timeout we cannot enforce is not offered.
 -- Errors: 50001 no such procedure, 50002 unsupported parameter types or bad optional list,
---         50003 unknown queue, 50005 bad maxAttempts, a timeout, bad roles, or one of the
---         service's own procedures (schema asyncexec).
+--         50003 unknown queue, 50005 bad maxAttempts, a timeout, bad roles, or a procedure that
+--         is not one to run as a call (the service's own, SQL Server's own, or one named like a
+--         system procedure: asyncexec.AsyncExecRefusedProcedure).
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecRegister
     @procedure          nvarchar(261),
     @queue              nvarchar(100) = N'default',
@@ -24,7 +25,7 @@ BEGIN
     SET NOCOUNT ON;
     SET XACT_ABORT ON;
     DECLARE @message nvarchar(2048), @object int, @schema sysname, @name sysname, @registered nvarchar(261), @problems nvarchar(max),
-            @queueName nvarchar(100);
+            @queueName nvarchar(100), @refused nvarchar(400);
 
     IF PARSENAME(@procedure, 3) IS NULL AND PARSENAME(@procedure, 1) IS NOT NULL
         SET @object = OBJECT_ID(QUOTENAME(COALESCE(PARSENAME(@procedure, 2), N'dbo')) + N'.' + QUOTENAME(PARSENAME(@procedure, 1)), N'P');
@@ -44,19 +45,12 @@ BEGIN
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
     SET @registered = @schema + N'.' + @name;
 
-    -- the service's own procedures (schema asyncexec: invoke, run, purge, …) are its machinery,
-    -- not procedures to run as calls
-    IF @schema = N'asyncexec'
+    -- the service's own procedures, SQL Server's, and a procedure named like one of SQL Server's
+    -- are not procedures to run as calls (asyncexec.AsyncExecRefusedProcedure says why)
+    SET @refused = asyncexec.AsyncExecRefusedProcedure(@object);
+    IF @refused IS NOT NULL
     BEGIN
-        SET @message = CONCAT(N'"', @registered, N'" is one of the service''s own procedures (schema asyncexec), not a procedure to run as a call');
-        THROW 50005, @message, 1;
-    END;
-    -- nor are SQL Server's own (schema sys, INFORMATION_SCHEMA, any object Microsoft ships:
-    -- OBJECTPROPERTY IsMSShipped): registered, any caller allowed to invoke could run them with
-    -- the service's rights
-    IF @schema IN (N'sys', N'INFORMATION_SCHEMA') OR OBJECTPROPERTY(@object, N'IsMSShipped') = 1
-    BEGIN
-        SET @message = CONCAT(N'"', @registered, N'" is one of SQL Server''s own procedures, not a procedure to run as a call');
+        SET @message = CONCAT(N'"', @registered, N'" is ', @refused, N', not a procedure to run as a call');
         THROW 50005, @message, 1;
     END;
 

@@ -7,9 +7,8 @@
 drop function if exists asyncproc.register(regprocedure, text, integer, integer);
 drop function if exists asyncproc.register(text, text, integer, integer, text[]);
 drop function if exists asyncproc.register(regprocedure, text, integer, integer, text[]);
--- The service's own routines (schema asyncproc: submit, claim, purge, …) are its machinery, and
--- PostgreSQL's (pg_catalog, information_schema) are the server's, not procedures to run as
--- calls: registering one is refused (AP004), whoever asks.
+-- The service's own routines and PostgreSQL's are not procedures to run as calls
+-- (asyncproc.refused_routine says why): registering one is refused (AP004), whoever asks.
 create or replace function asyncproc.register(
   routine regprocedure, queue text default 'default', max_attempts integer default 1, timeout_ms integer default null,
   roles text[] default '{}', transactional boolean default true
@@ -17,16 +16,11 @@ create or replace function asyncproc.register(
 language plpgsql as $$
 declare
   registered text;
+  refused    text;
 begin
-  if (select n.nspname from pg_proc p join pg_namespace n on n.oid = p.pronamespace where p.oid = routine) = 'asyncproc' then
-    raise exception '% is one of the service''s own routines (schema asyncproc), not a procedure to run as a call', routine::text
-      using errcode = 'AP004';
-  end if;
-  -- nor are PostgreSQL's own (pg_sleep, pg_terminate_backend, …): registered, any caller allowed
-  -- to invoke could run them with the service's role
-  if (select n.nspname from pg_proc p join pg_namespace n on n.oid = p.pronamespace where p.oid = routine) in ('pg_catalog', 'information_schema') then
-    raise exception '% is one of PostgreSQL''s own routines, not a procedure to run as a call', routine::text
-      using errcode = 'AP004';
+  refused := asyncproc.refused_routine(routine);
+  if refused is not null then
+    raise exception '% is %, not a procedure to run as a call', routine::text, refused using errcode = 'AP004';
   end if;
   insert into asyncproc.procedures (name, proc, signature, queue, max_attempts, timeout_ms, roles, transactional)
   select n.nspname || '.' || p.proname, routine, asyncproc.signature(routine), register.queue, register.max_attempts,

@@ -21,6 +21,7 @@ declare
   submitted  asyncproc.executions;
   problems   text;
   queue_name text;
+  refused    text;
   is_held    boolean := in_batch is not null and coalesce(in_stage, 1) > 1;
 begin
   arguments := coalesce(arguments, '{}');
@@ -45,6 +46,12 @@ begin
     raise exception 'procedure "%" is registered, but % no longer exists in the database', registered.name,
                     coalesce(registered.signature, 'its routine')
       using errcode = 'AP001', hint = 'Create it again, or register the routine that replaced it.';
+  end if;
+  -- a registration an earlier release made of a routine register refuses now (PostgreSQL's own)
+  refused := asyncproc.refused_routine(routine);
+  if refused is not null then
+    raise exception 'procedure "%" is %, not a procedure to run as a call', registered.name, refused
+      using errcode = 'AP001', hint = 'It was registered before the service refused such routines: unregister it.';
   end if;
   if submit.max_attempts is not null and submit.max_attempts not between 1 and 100 then
     raise exception 'maxAttempts must be between 1 and 100' using errcode = 'AP002';
