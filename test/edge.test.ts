@@ -74,6 +74,17 @@ describe('query cost: depth, aliases, tokens, directives, cost', () => {
     token = read.body.data.batch.executions.nodes[0].token;
   });
 
+  it('the status of a refusal follows what the client accepts, as the README says: 400 for application/graphql-response+json, 200 for application/json alone', async () => {
+    const query = `{ ${Array.from({ length: 60 }, (_, i) => `a${i}: changeCursor`).join(' ')} }`;
+    for (const [accept, expected] of [['application/graphql-response+json', 400], ['application/graphql-response+json, application/json', 400], ['application/json', 200]] as const) {
+      const response = await fetch(t.url, { method: 'POST', headers: { 'content-type': 'application/json', accept }, body: JSON.stringify({ query }) });
+      const body = (await response.json()) as { data?: unknown; errors?: { extensions?: { code?: string; limit?: string } }[] };
+      assert.equal(response.status, expected, accept);
+      assert.deepEqual(body.errors?.map((e) => [e.extensions?.code, e.extensions?.limit]), [['QUERY_TOO_COMPLEX', 'aliases']], accept);
+      assert.equal(body.data, undefined, 'nothing executed');
+    }
+  });
+
   it('a 44-level query through Execution.batch → Batch.executions is refused in milliseconds (HTTP, graphql-ws, SSE)', async () => {
     const query = batchBomb(token, 21);
     const started = performance.now();
