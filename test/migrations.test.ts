@@ -49,7 +49,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 3, sha256: '7d3e75e4fdf4d1136405e0f8e55699856f40d27e1ad8d074b1102d7c4ecec5d3' },
-  'mssql/procedures': { revision: 3, sha256: '334439dc3842636cb89f0aa7fbf5fad901af6325c1f39877dab3ccc35f09c361' },
+  'mssql/procedures': { revision: 3, sha256: 'a723216241967de5dc343ff74e809bc2b8395c0cf7f8e4d87c0737c9f4bc3728' },
 };
 
 describe('routines revision', () => {

@@ -9,9 +9,11 @@
 --     has the same name as a system procedure, the user-defined procedure might not ever execute"
 --     ("Execute a stored procedure", Limitations), so a call of it may run sys.sp_who instead.
 --     System procedure names are matched under the calling database's collation (same page), so
---     the = below names it (COLLATE DATABASE_DEFAULT, whatever the view's column has). Only names
---     that begin with sp_ are looked up: the lookup is a read of the catalog, and only sp_ names
---     are resolved to system procedures from a user database.
+--     the = below names it (COLLATE DATABASE_DEFAULT, whatever the view's column has). Only sp_
+--     names are looked up: "EXEC dbo.sp_who" is a documented way of running the system
+--     procedure ("Executing Stored Procedures (Database Engine)", SQL Server 2008 R2), and no
+--     other schema-qualified name is documented to reach one (usp_AsyncExecRun always qualifies);
+--     the lookup is a read of the catalog, made only for those names.
 -- EXECUTE AS OWNER: catalog views show a user only the securables it owns or holds a permission
 -- on ("Metadata Visibility Configuration"); the owner (dbo) sees every system object, so the
 -- answer does not depend on the caller's permissions (usp_AsyncExecRegister runs as its caller).
@@ -20,16 +22,19 @@ RETURNS nvarchar(400)
 WITH EXECUTE AS OWNER
 AS
 BEGIN
-    DECLARE @schema sysname = OBJECT_SCHEMA_NAME(@object), @name sysname = OBJECT_NAME(@object);
+    DECLARE @schema sysname = OBJECT_SCHEMA_NAME(@object), @name sysname = OBJECT_NAME(@object), @system sysname;
     IF @schema = N'asyncexec'
         RETURN N'one of the service''s own procedures (schema asyncexec)';
     IF @schema IN (N'sys', N'INFORMATION_SCHEMA') OR OBJECTPROPERTY(@object, N'IsMSShipped') = 1
         RETURN N'one of SQL Server''s own procedures';
-    -- nested IF, not AND: T-SQL does not promise to skip the EXISTS when the LIKE is false
+    -- nested IF, not AND: T-SQL does not promise to skip the lookup when the LIKE is false
     IF @name LIKE N'sp[_]%'
     BEGIN
-        IF EXISTS (SELECT 1 FROM sys.system_objects AS s WHERE s.name = @name COLLATE DATABASE_DEFAULT AND s.[type] IN ('P', 'X', 'PC'))
-            RETURN CONCAT(N'named as SQL Server''s own procedure sys.', @name, N', which a call by that name may run instead');
+        -- named as the catalog spells it (a case-insensitive database matches dbo.SP_WHO too)
+        SELECT TOP (1) @system = s.name FROM sys.system_objects AS s
+        WHERE s.name = @name COLLATE DATABASE_DEFAULT AND s.[type] IN ('P', 'X', 'PC');
+        IF @system IS NOT NULL
+            RETURN CONCAT(N'named as SQL Server''s own procedure sys.', @system, N', which a call by that name may run instead');
     END;
     RETURN NULL;
 END;

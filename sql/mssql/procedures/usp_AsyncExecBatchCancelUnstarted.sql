@@ -35,6 +35,7 @@ BEGIN
     IF @@TRANCOUNT = 0
     BEGIN
         SET @message = N'usp_AsyncExecBatchCancelUnstarted runs in its caller''s transaction, which holds the batch row';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50024, @message, 1;
     END;
 

@@ -22,11 +22,13 @@ BEGIN
     IF @stageCount IS NULL OR @stageCount < 1
     BEGIN
         SET @message = CONCAT(N'a batch has at least one stage, not ', COALESCE(CAST(@stageCount AS nvarchar(11)), N'NULL'));
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     IF @onFailure NOT IN ('CANCEL', 'CONTINUE')
     BEGIN
         SET @message = CONCAT(N'onFailure must be CANCEL or CONTINUE, not ', @onFailure);
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     -- Outside a transaction the first stage could finish, and the batch end, before the
@@ -34,6 +36,7 @@ BEGIN
     IF @@TRANCOUNT = 0
     BEGIN
         SET @message = N'create a batch and invoke its calls in one transaction';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 

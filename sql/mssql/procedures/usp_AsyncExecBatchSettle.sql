@@ -52,6 +52,7 @@ BEGIN
     IF @@TRANCOUNT = 0
     BEGIN
         SET @message = N'usp_AsyncExecBatchSettle runs in the transaction that records a member''s outcome';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50022, @message, 1;
     END;
 
@@ -114,6 +115,7 @@ BEGIN
                 IF @service IS NULL
                 BEGIN
                     SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+                    SET @message = REPLACE(@message, N'%', N'%%');
                     THROW 50003, @message, 1;
                 END;
                 BEGIN DIALOG CONVERSATION @h

@@ -47,6 +47,7 @@ BEGIN
     IF @id IS NULL
     BEGIN
         SET @message = CONCAT(N'execution ', @name, N' does not exist');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50006, @message, 1;
     END;
     SET @resource = CONCAT(N'asyncexec/', @id);
@@ -67,11 +68,13 @@ BEGIN
         IF @status IS NULL
         BEGIN
             SET @message = CONCAT(N'execution ', @name, N' does not exist');
+            SET @message = REPLACE(@message, N'%', N'%%');
             THROW 50006, @message, 1;
         END;
         IF @status IN ('SUCCEEDED', 'FAILED', 'CANCELLED')
         BEGIN
             SET @message = CONCAT(N'execution ', @name, N' has already finished (', @status, N')');
+            SET @message = REPLACE(@message, N'%', N'%%');
             THROW 50007, @message, 1;
         END;
 
@@ -81,6 +84,7 @@ BEGIN
             BEGIN
                 SET @message = CONCAT(N'execution ', @name, N' is RUNNING: cancelling it KILLs the SQL Server session that runs it, ',
                                       N'which this service does only when configured with allowKill=true');
+                SET @message = REPLACE(@message, N'%', N'%%');
                 THROW 50008, @message, 1;
             END;
             IF COALESCE(HAS_PERMS_BY_NAME(NULL, NULL, N'ALTER ANY CONNECTION'), 0) = 0
@@ -89,6 +93,7 @@ BEGIN
             BEGIN
                 SET @message = CONCAT(N'execution ', @name, N' is RUNNING and allowKill=true, but the login lacks ALTER ANY CONNECTION ',
                                       N'(for KILL) or VIEW SERVER STATE (for sys.dm_tran_locks): nothing was changed');
+                SET @message = REPLACE(@message, N'%', N'%%');
                 THROW 50008, @message, 1;
             END;
             -- Committed before any KILL: the killed run rolls back, and whoever next holds the

@@ -84,11 +84,13 @@ BEGIN
     IF @batchId IS NULL
     BEGIN
         SET @message = N'a batch id is required';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     IF @@TRANCOUNT > 0
     BEGIN
         SET @message = N'usp_AsyncExecCancelBatch runs in a transaction of its own (its running members are cancelled after it commits)';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50023, @message, 1;
     END;
 

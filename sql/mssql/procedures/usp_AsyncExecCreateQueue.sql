@@ -13,11 +13,13 @@ BEGIN
     IF @name IS NULL OR LEN(@name) NOT BETWEEN 1 AND 100 OR @name LIKE N'%[^A-Za-z0-9_.:-]%'
     BEGIN
         SET @message = CONCAT(N'queue name "', @name, N'" must be 1 to 100 characters of A-Z a-z 0-9 _ . : -');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     IF @concurrency IS NULL OR @concurrency NOT BETWEEN 1 AND 1000
     BEGIN
         SET @message = CONCAT(N'queue concurrency must be between 1 and 1000, not ', @concurrency);
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 
@@ -42,6 +44,7 @@ BEGIN
     IF @lock < 0
     BEGIN
         SET @message = N'could not take the queue configuration lock within 10 seconds (another configureQueue is running): try again';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50020, @message, 1;
     END;
 

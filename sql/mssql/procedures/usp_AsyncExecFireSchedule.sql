@@ -51,12 +51,14 @@ BEGIN
     IF @@TRANCOUNT > 0
     BEGIN
         SET @message = N'usp_AsyncExecFireSchedule runs in a transaction of its own';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50043, @message, 1;
     END;
     IF @next IS NOT NULL AND @next <= @due
     BEGIN
         SET @message = CONCAT(N'schedule "', @name, N'": next run ', CONVERT(nvarchar(30), @next, 126), N' is not after ',
                               CONVERT(nvarchar(30), @due, 126));
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 

@@ -52,16 +52,18 @@ BEGIN
             FROM asyncexec.AsyncExecProcedures AS r
             WHERE r.unregistered_at IS NULL AND r.name LIKE N'%.' + REPLACE(REPLACE(REPLACE(@procedure, N'[', N'[[]'), N'%', N'[%]'), N'_', N'[_]')
             HAVING COUNT(*) > 0;
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50001, @message, 1;
     END;
     -- a registration an earlier release made of a procedure that is not one to run as a call
     -- (SQL Server's own, or one named like it: usp_AsyncExecRegister refuses them now) is not
     -- run: the activation's EXECUTE AS OWNER would run it with the owner's rights
-    SET @refused = asyncexec.AsyncExecRefusedProcedure(@object);
+    SELECT @refused = asyncexec.AsyncExecRefusedProcedure(@object);
     IF @refused IS NOT NULL
     BEGIN
         SET @message = CONCAT(N'procedure "', @registered, N'" is ', @refused, N', not a procedure to run as a call',
                               N' (registered before the service refused such procedures: unregister it)');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50001, @message, 1;
     END;
 
@@ -73,6 +75,7 @@ BEGIN
     IF @callerRoles IS NOT NULL AND (ISJSON(@callerRoles) = 0 OR LEFT(LTRIM(@callerRoles), 1) <> N'[')
     BEGIN
         SET @message = N'callerRoles must be a JSON array of role names';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     IF @callerRoles IS NOT NULL AND EXISTS (SELECT 1 FROM OPENJSON(@registeredRoles))
@@ -83,6 +86,7 @@ BEGIN
                                          AND DATALENGTH(c.[value]) = DATALENGTH(r.[value])))
     BEGIN
         SET @message = CONCAT(N'the caller''s roles do not allow invoking "', @registered, N'"');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50009, @message, 1;
     END;
 
@@ -90,16 +94,19 @@ BEGIN
     IF ISJSON(@arguments) = 0
     BEGIN
         SET @message = N'arguments must be a JSON object keyed by parameter name';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
     IF (SELECT TOP (1) [type] FROM OPENJSON(N'[' + @arguments + N']')) <> 5   -- 5: object
     BEGIN
         SET @message = N'arguments must be a JSON object keyed by parameter name';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
     IF @maxAttempts IS NOT NULL AND @maxAttempts NOT BETWEEN 1 AND 100
     BEGIN
         SET @message = N'maxAttempts must be between 1 and 100';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
 
@@ -194,6 +201,7 @@ BEGIN
     IF @problems IS NOT NULL
     BEGIN
         SET @message = LEFT(CONCAT(N'invalid arguments for ', @registered, N': ', @problems), 2048);
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
 
@@ -206,6 +214,7 @@ BEGIN
     IF @service IS NULL
     BEGIN
         SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50003, @message, 1;
     END;
     SET @queue = @queueName;
@@ -218,6 +227,7 @@ BEGIN
         IF @@TRANCOUNT = 0
         BEGIN
             SET @message = N'invoke the calls of a batch inside a transaction (the one that creates the batch)';
+            SET @message = REPLACE(@message, N'%', N'%%');
             THROW 50005, @message, 1;
         END;
         SELECT @batchStatus = status, @currentStage = current_stage, @stageCount = stage_count
@@ -230,6 +240,7 @@ BEGIN
                                   CASE WHEN @batchStatus IS NULL THEN N'no such batch'
                                        WHEN @batchStatus <> 'RUNNING' THEN N'the batch has ended'
                                        ELSE CONCAT(N'its stages ', @currentStage, N' to ', @stageCount, N' are open') END);
+            SET @message = REPLACE(@message, N'%', N'%%');
             THROW 50005, @message, 1;
         END;
         SET @held = CASE WHEN @stage > @currentStage THEN 1 ELSE 0 END;

@@ -29,6 +29,7 @@ BEGIN
     IF @@TRANCOUNT > 0
     BEGIN
         SET @message = N'usp_AsyncExecKill must run outside a transaction';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50021, @message, 1;
     END;
     IF @id IS NULL OR @sessionId IS NULL OR @sessionId = @@SPID   -- "You can't kill your own process"

@@ -26,6 +26,7 @@ BEGIN
     IF @instance IS NULL
     BEGIN
         SET @message = N'@instance is required';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 
@@ -37,6 +38,7 @@ BEGIN
     IF @lock < 0
     BEGIN
         SET @message = N'could not take the listener registry lock within 10 seconds';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50030, @message, 1;
     END;
 

@@ -31,6 +31,7 @@ BEGIN
         IF @lock < 0
         BEGIN
             SET @message = N'could not take the listener registry lock within 10 seconds';
+            SET @message = REPLACE(@message, N'%', N'%%');
             THROW 50030, @message, 1;
         END;
 

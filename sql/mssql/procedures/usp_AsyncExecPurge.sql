@@ -53,12 +53,14 @@ BEGIN
     IF @@TRANCOUNT > 0
     BEGIN
         SET @message = N'usp_AsyncExecPurge runs its batches as transactions of their own: call it outside a transaction';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50041, @message, 1;
     END;
     IF @olderThanSeconds IS NULL OR @olderThanSeconds < 0 OR @batchSize IS NULL OR @batchSize NOT BETWEEN 1 AND 4000
        OR @maxSeconds IS NULL OR @maxSeconds < 1
     BEGIN
         SET @message = N'usp_AsyncExecPurge: @olderThanSeconds >= 0, @batchSize 1 to 4000, @maxSeconds >= 1';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     SELECT @cutoff = DATEADD(second, -@olderThanSeconds, SYSUTCDATETIME()),

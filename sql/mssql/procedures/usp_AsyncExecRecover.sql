@@ -95,6 +95,7 @@ BEGIN
     IF @@TRANCOUNT > 0
     BEGIN
         SET @message = N'usp_AsyncExecRecover runs each call in a transaction of its own: call it outside a transaction';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50042, @message, 1;
     END;
     SET @limit = COALESCE(@limit, 500);
@@ -146,6 +147,7 @@ BEGIN
             IF @service IS NULL
             BEGIN
                 SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+                SET @message = REPLACE(@message, N'%', N'%%');
                 THROW 50003, @message, 1;
             END;
 

@@ -40,6 +40,7 @@ BEGIN
                                    WHEN PARSENAME(@procedure, 2) IS NULL
                                    THEN N' (a name without a schema is looked up in dbo: write schema.procedure)'
                                    ELSE N' (write schema.procedure)' END);
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50001, @message, 1;
     END;
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
@@ -47,21 +48,24 @@ BEGIN
 
     -- the service's own procedures, SQL Server's, and a procedure named like one of SQL Server's
     -- are not procedures to run as calls (asyncexec.AsyncExecRefusedProcedure says why)
-    SET @refused = asyncexec.AsyncExecRefusedProcedure(@object);
+    SELECT @refused = asyncexec.AsyncExecRefusedProcedure(@object);
     IF @refused IS NOT NULL
     BEGIN
         SET @message = CONCAT(N'"', @registered, N'" is ', @refused, N', not a procedure to run as a call');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 
     IF @maxAttempts IS NULL OR @maxAttempts NOT BETWEEN 1 AND 100
     BEGIN
         SET @message = N'maxAttempts must be between 1 and 100';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     IF @timeoutMs IS NOT NULL
     BEGIN
         SET @message = N'timeoutMs is not supported on SQL Server: a running call can only be stopped by KILL (see docs/mssql.md, "Timeouts")';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
     SET @transactional = COALESCE(@transactional, 1);
@@ -72,12 +76,14 @@ BEGIN
     IF @queueName IS NULL
     BEGIN
         SET @message = CONCAT(N'queue "', @queue, N'" does not exist');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50003, @message, 1;
     END;
     SET @queue = @queueName;
     IF @optionalParameters IS NOT NULL AND (ISJSON(@optionalParameters) = 0 OR LEFT(LTRIM(@optionalParameters), 1) <> N'[')
     BEGIN
         SET @message = N'optionalParameters must be a JSON array of parameter names';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
 
@@ -91,6 +97,7 @@ BEGIN
                       OR REPLACE(o.[value] COLLATE Latin1_General_BIN2, N' ', N'#') LIKE N'%[^A-Za-z0-9_.:-]%')
     BEGIN
         SET @message = N'roles must be a JSON array of role names: 1 to 64 characters of A-Z a-z 0-9 _ . : -';
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50005, @message, 1;
     END;
 
@@ -117,6 +124,7 @@ BEGIN
     IF @problems IS NOT NULL
     BEGIN
         SET @message = LEFT(CONCAT(N'cannot register ', @registered, N': ', @problems), 2048);
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
 

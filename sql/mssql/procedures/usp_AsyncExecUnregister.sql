@@ -12,6 +12,7 @@ BEGIN
     IF @@ROWCOUNT = 0
     BEGIN
         SET @message = CONCAT(N'procedure "', @procedure, N'" is not registered');
+        SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50006, @message, 1;
     END;
 END;
