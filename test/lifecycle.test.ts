@@ -58,6 +58,10 @@ async function claim(worker: pg.Client & { pid: number }, queue: string): Promis
 
 const row = async (id: string) =>
   (await sql.query('select status, backend_pid, attempts, recoveries from asyncproc.executions where id = $1', [id])).rows[0];
+const counts = async (id: string) => {
+  const { status, attempts, recoveries } = await row(id);
+  return { status, attempts, recoveries };
+};
 const attempts = async (id: string) =>
   (await sql.query('select status from asyncproc.attempts where execution_id = $1 order by number', [id])).rows.map((r) => r.status);
 const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
@@ -266,6 +270,55 @@ describe('a stop with calls running (stopGraceMs)', () => {
       await next.close();
     }
     assert.equal(await ledger('stop-inside'), 1, 'once');
+  });
+
+  it('a call the ending statement claimed before the stop is given back unstarted (one outside a transaction is never started while stopping)', async () => {
+    await engine.configureQueue('lc_given', 1);
+    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
+                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+    const [first, claimedNext] = await engine.submit([
+      { procedure: 'lc.record_sleep', arguments: { tag: 'given-first', seconds: 1 }, queue: 'lc_given' },
+      { procedure: 'lc.record_sleep_outside', arguments: { tag: 'given-next', seconds: 0 }, queue: 'lc_given' },
+    ]);
+    const activator = await engine.startActivator({ workerId: 'lc-given', queues: ['lc_given'], stopGraceMs: 30_000 });
+    // run() is on its way, asked to claim the queue's next call as it ends (the stop comes after)
+    await waitFor(
+      async () => (await sql.query(`select 1 from pg_stat_activity where application_name like 'asyncproc worker lc-given/%' and state = 'active' and query like '%asyncproc.run(%'`)).rowCount,
+      10_000,
+      'the first call to run',
+    );
+    await activator.close();
+    assert.equal((await row(first.id)).status, 'SUCCEEDED', 'the running call was waited for (within the grace)');
+    assert.deepEqual(await counts(claimedNext.id), { status: 'PENDING', attempts: 0, recoveries: 0 }, 'given back: not started, not an attempt, not an interruption');
+    assert.equal(await ledger('given-next'), 0, 'not started while stopping');
+    assert.equal(Number((await sql.query('select count(*) from asyncproc.ready where id = $1', [claimedNext.id])).rows[0].count), 1, 'ready for the next worker');
+    const next = await engine.startActivator({ workerId: 'lc-given-next', queues: ['lc_given'] });
+    try {
+      await waitFor(async () => (await row(claimedNext.id)).status === 'SUCCEEDED', 15_000, 'the next worker to run it');
+    } finally {
+      await next.close();
+    }
+    assert.equal(await ledger('given-next'), 1, 'once');
+  });
+
+  it('a call handed back by six stops in a row (six rolling restarts) is PENDING each time, and then runs once', async () => {
+    await engine.configureQueue('lc_restarts', 1);
+    const [call] = await engine.submit([{ procedure: 'lc.record_sleep', arguments: { tag: 'restarts', seconds: 3 }, queue: 'lc_restarts' }]);
+    for (let stop = 1; stop <= 6; stop++) {
+      const activator = await engine.startActivator({ workerId: `lc-restart-${stop}`, queues: ['lc_restarts'], stopGraceMs: 100 });
+      await waitFor(async () => (await row(call.id)).status === 'RUNNING', 10_000, `run ${stop}`);
+      await activator.close();
+      assert.deepEqual(await counts(call.id), { status: 'PENDING', attempts: 0, recoveries: 0 }, `after stop ${stop}`);
+    }
+    assert.equal(await ledger('restarts'), 0);
+    const last = await engine.startActivator({ workerId: 'lc-restart-last', queues: ['lc_restarts'] });
+    try {
+      await waitFor(async () => (await row(call.id)).status === 'SUCCEEDED', 15_000, 'the last run');
+    } finally {
+      await last.close();
+    }
+    assert.equal(await ledger('restarts'), 1, 'once');
   });
 });
 

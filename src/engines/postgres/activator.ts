@@ -54,6 +54,10 @@ type SlotClient = ProgressSource & {
   transactional?: boolean;
   /** Its server process (pg sets it from BackendKeyData; not in pg's types). */
   processID?: number;
+  /** A transactional call's own statement (run, run_group) is on its way: the one statement the stop's hand-back may cancel. */
+  signalable?: boolean;
+  /** The stop's cancel of that statement (handBack), until pg_cancel_backend has answered; no statement is sent before it has. */
+  handingBack?: Promise<void>;
 };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
@@ -214,6 +218,12 @@ class QueueWorkers {
     while (next.id !== null) {
       // the token and procedure on every line of a call, so `grep <token>` tells its story in every process
       const call = { token: next.token, procedure: next.procedure, queue: this.name, worker };
+      if (this.activator.stopping) {
+        // claimed by the statement that ended the last call, asked for before the stop: not
+        // started, given back (a call outside a transaction is never started while stopping)
+        next = await this.release(client, next.id, call);
+        continue;
+      }
       this.activator.options.logger.info(call, 'execution started');
       this.activator.claimed++;
       // whoever found work lets one more idle sibling look for more
@@ -259,11 +269,11 @@ class QueueWorkers {
     try {
       const ran = (
         // a named (prepared) statement: parsed and planned once per connection
-        await client.query<EndedRow>({
+        await this.signalable(client, client.query<EndedRow>({
           name: 'asyncproc-run',
           text: 'select done_seq, done_status, next_id, next_seq, next_timeout_ms, next_transactional, next_token, next_procedure, done_row from asyncproc.run($1, $2, $3, $4, $5)',
           values: [current, worker, this.nextQueue(client), this.maxRows, call.token !== null && this.activator.options.notifier.awaited(call.token)],
-        })
+        }))
       ).rows[0];
       return this.ended(current, ran, call);
     } catch (error) {
@@ -282,11 +292,11 @@ class QueueWorkers {
     let rows: GroupRow[];
     try {
       rows = (
-        await client.query<GroupRow>({
+        await this.signalable(client, client.query<GroupRow>({
           name: 'asyncproc-run-group',
           text: 'select id, seq, status, token, procedure, timeout_ms, transactional from asyncproc.run_group($1, $2, $3, $4, $5, $6)',
           values: [current, worker, this.nextQueue(client), this.grouping.size, this.grouping.maxMs, this.maxRows],
-        })
+        }))
       ).rows;
     } catch (error) {
       return this.abandon(client, current, error, 0, started, call);
@@ -314,17 +324,44 @@ class QueueWorkers {
     if (isConnectionError(error)) throw error;
     const err = error as pg.DatabaseError;
     const timedOut = isOwnTimeout(err, timeoutMs, started);
-    this.activator.options.logger.info({ ...call, code: err.code, timedOut, error: err.message }, 'execution stopped (cancelled or timed out)');
+    // the stop's cancel (a cancel on request is CANCELLED whatever this says: abandon reads the request first)
+    const handedBack = client.handingBack !== undefined && err.code === '57014' && !timedOut;
+    this.activator.options.logger.info({ ...call, code: err.code, timedOut, handedBack, error: err.message }, 'execution stopped (cancelled or timed out)');
     // the call's timeout is still armed on the session: a short one (a few ms) would cut the record
     // of its end too, and the slot would then drop its session as lost (recover: LOST, then AP010)
     await armTimeout(client, 0);
-    const done = (
-      await client.query<EndedRow>(
-        'select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4)',
-        [current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut],
-      )
+    return this.ended(current, await this.abandonCall(client, current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut, handedBack), call);
+  }
+
+  /** A call claimed here and not started, given back to its queue (the worker is stopping). */
+  private async release(client: SlotClient, current: string, call: CallLog): Promise<Claimed> {
+    this.activator.options.logger.info(call, 'execution given back unstarted: the worker is stopping');
+    return this.ended(current, await this.abandonCall(client, current, '57014', 'given back unstarted: the worker stopped', false, true), call);
+  }
+
+  private async abandonCall(client: SlotClient, current: string, code: string | null, message: string, timedOut: boolean, handedBack: boolean): Promise<EndedRow> {
+    return (
+      await client.query<EndedRow>('select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4, $5)', [current, code, message, timedOut, handedBack])
     ).rows[0];
-    return this.ended(current, done, call);
+  }
+
+  /**
+   * A transactional call's own statement, which the stop's hand-back may cancel while it is on its
+   * way, and only then: once it has settled, nothing more is sent on the session before that
+   * cancel (if one was sent) has been answered. A cancel signal that reaches a session between
+   * statements is dropped ("Query cancel is supposed to be a no-op when there is no query in
+   * progress", PostgreSQL's postgres.c), and the next statement is sent after pg_cancel_backend
+   * answered, that is after the signal was raised: it can never cut the statement after the
+   * call's (the next call's, or the record of this one's end).
+   */
+  private async signalable<T>(client: SlotClient, statement: Promise<T>): Promise<T> {
+    client.signalable = true;
+    try {
+      return await statement;
+    } finally {
+      client.signalable = false;
+      if (client.handingBack) await client.handingBack;
+    }
   }
 
   /**
@@ -703,22 +740,33 @@ export class PostgresActivator implements Closeable {
 
   /**
    * The stop's grace is over: cancel the statement of every transactional call still running
-   * here. Its transaction rolls back and abandon() puts it back in its queue (an interruption
-   * nobody asked for: PENDING again, its queue woken), where another worker takes it at once,
-   * or this service after its restart; the loops claim nothing more while stopping, so a signal
-   * that lands as a call ends reaches that call or nothing. A call outside a transaction is left
-   * to end: what it committed cannot be undone.
+   * here. Its transaction rolls back and abandon() puts it back in its queue, PENDING again at
+   * once (not an attempt, nor one of the five interruptions a call may have), where another
+   * worker takes it, or this service after its restart. Only a statement on its way is signalled
+   * (SlotClient.signalable), every one at once, and its session sends nothing more before the
+   * signal was raised (signalable()): a signal landing as the call ends is dropped, never taken
+   * by the next statement. A call the ending statement claimed is given back unstarted (work()).
+   * A call outside a transaction is left to end: what it committed cannot be undone.
    */
   private async handBack(graceMs: number): Promise<void> {
     const { logger } = this.options;
-    const running = [...this.queues.values()].flatMap((q) => [...q.clients]).filter((c) => c.executionId != null);
-    const back = running.filter((c) => c.transactional !== false);
+    const clients = [...this.queues.values()].flatMap((q) => [...q.clients]);
+    const back = clients.filter((c) => c.signalable);
+    // marked before any await: a statement that settles from now on waits for its signal
+    for (const client of back) {
+      client.handingBack = this.pool.query('select pg_cancel_backend($1)', [client.processID]).then(
+        () => undefined,
+        (err) => logger.warn({ err }, 'could not hand a call back'),
+      );
+    }
     logger.warn(
-      { graceMs, handedBack: back.map((c) => c.executionId), waitedFor: running.filter((c) => c.transactional === false).map((c) => c.executionId) },
+      {
+        graceMs,
+        handedBack: back.map((c) => c.executionId),
+        waitedFor: clients.filter((c) => c.executionId != null && !c.signalable).map((c) => c.executionId),
+      },
       'stop: the grace is over; running calls go back to their queues, to run again from the start',
     );
-    for (const client of back) {
-      await this.pool.query('select pg_cancel_backend($1)', [client.processID]).catch((err) => logger.warn({ err }, 'could not hand a call back'));
-    }
+    await Promise.all(back.map((c) => c.handingBack));
   }
 }
