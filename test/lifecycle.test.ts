@@ -222,9 +222,6 @@ describe('a cancel whose transaction is still open when the run reads the call',
 
 describe('a cancel that finds the worker of a call run outside a transaction idle before its statement', () => {
   it('is signalled again once the statement runs: the call is stopped, not run to its end', async () => {
-    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
-                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
-                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
     const x = await submit('lc.record_sleep_outside', { tag: 'resignal', seconds: 3 }, 'lc_between');
     const worker = await session();
     assert.equal(await claim(worker, 'lc_between'), x.id);
@@ -245,11 +242,14 @@ describe('a cancel that finds the worker of a call run outside a transaction idl
 });
 
 describe('a stop with calls running (stopGraceMs)', () => {
-  it('waits the grace, then hands the transactional call back (rolled back, PENDING at once, run again once by the next worker); one outside a transaction is waited for', async () => {
-    await engine.configureQueue('lc_stop', 2);
+  before(async () => {
     await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
                        begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
                      select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+  });
+
+  it('waits the grace, then hands the transactional call back (rolled back, PENDING at once, run again once by the next worker); one outside a transaction is waited for', async () => {
+    await engine.configureQueue('lc_stop', 2);
     const [inside, outside] = await engine.submit([
       { procedure: 'lc.record_sleep', arguments: { tag: 'stop-inside', seconds: 4 }, queue: 'lc_stop' },
       { procedure: 'lc.record_sleep_outside', arguments: { tag: 'stop-outside', seconds: 1.5 }, queue: 'lc_stop' },
@@ -274,9 +274,6 @@ describe('a stop with calls running (stopGraceMs)', () => {
 
   it('a call the ending statement claimed before the stop is given back unstarted (one outside a transaction is never started while stopping)', async () => {
     await engine.configureQueue('lc_given', 1);
-    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
-                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
-                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
     const [first, claimedNext] = await engine.submit([
       { procedure: 'lc.record_sleep', arguments: { tag: 'given-first', seconds: 1 }, queue: 'lc_given' },
       { procedure: 'lc.record_sleep_outside', arguments: { tag: 'given-next', seconds: 0 }, queue: 'lc_given' },
@@ -300,6 +297,41 @@ describe('a stop with calls running (stopGraceMs)', () => {
       await next.close();
     }
     assert.equal(await ledger('given-next'), 1, 'once');
+  });
+
+  it("a hand-back signal sent late (the pool busy) as the call ends never reaches the call its slot claimed next", async () => {
+    // the service's pool has one connection, held while the grace ends: the stop's cancel of the
+    // first call waits for it, and is sent a second after that call ended, when its run() has
+    // claimed the next one, outside a transaction, which would be cut after starting
+    await engine.configureQueue('lc_late', 1);
+    const late = createPostgresEngine({ connectionString: url, poolSize: 1 });
+    const [first, claimedNext] = await late.submit([
+      { procedure: 'lc.record_sleep', arguments: { tag: 'late-first', seconds: 1 }, queue: 'lc_late' },
+      { procedure: 'lc.record_sleep_outside', arguments: { tag: 'late-next', seconds: 2 }, queue: 'lc_late', maxAttempts: 1 },
+    ]);
+    const activator = await late.startActivator({ workerId: 'lc-late', queues: ['lc_late'], stopGraceMs: 300 });
+    try {
+      await waitFor(
+        async () => (await sql.query(`select 1 from pg_stat_activity where application_name like 'asyncproc worker lc-late/%' and state = 'active' and query like '%asyncproc.run(%'`)).rowCount,
+        10_000,
+        'the first call to run',
+      );
+      const held = late.pool.query('select pg_sleep(2)');
+      await activator.close();
+      await held;
+    } finally {
+      await late.close();
+    }
+    assert.equal((await row(first.id)).status, 'SUCCEEDED', 'the first call ended before the signal went');
+    assert.equal(await ledger('late-first'), 1);
+    const next = await engine.startActivator({ workerId: 'lc-late-next', queues: ['lc_late'] });
+    try {
+      await waitFor(async () => ['SUCCEEDED', 'FAILED'].includes((await row(claimedNext.id)).status), 15_000, 'the next call to end');
+    } finally {
+      await next.close();
+    }
+    assert.deepEqual(await counts(claimedNext.id), { status: 'SUCCEEDED', attempts: 1, recoveries: 0 }, 'not cut by a signal meant for the call before it');
+    assert.equal(await ledger('late-next'), 1, 'once');
   });
 
   it('a call handed back by six stops in a row (six rolling restarts) is PENDING each time, and then runs once', async () => {
