@@ -650,6 +650,48 @@ describe('rate limit', () => {
   });
 });
 
+describe('rate limit: each root field of a mutation is one mutation', () => {
+  it('aliased fields (and fields through fragments) each take a token; more than the burst in one request is refused and runs nothing', async () => {
+    const limited = await startTestApp(await cluster.createDatabase(), {
+      ASYNCPROC_JWT_SECRET: SECRET,
+      ASYNCPROC_JWT_ISSUER: ISSUER,
+      ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
+      ASYNCPROC_RATE_LIMIT: '0.5',
+      ASYNCPROC_RATE_BURST: '4',
+    });
+    try {
+      const mutate = async (query: string, variables: Record<string, unknown> = {}) => {
+        const response = await fetch(limited.url, { method: 'POST', headers: { 'content-type': 'application/json', ...alice }, body: JSON.stringify({ query, variables }) });
+        return { status: response.status, body: (await response.json()) as { data?: any; errors?: { message: string; extensions?: { code?: string } }[] } };
+      };
+      const runAt = new Date(Date.now() + 3_600_000).toISOString();
+      // one token: invokeMany is one mutation however many calls it submits
+      const made = await mutate(`mutation($at: DateTime!) { invokeMany(inputs: [${'{ procedure: "demo.noop", runAt: $at } '.repeat(6)}]) { executions { token } } }`, { at: runAt });
+      assert.equal(made.status, 200, JSON.stringify(made.body));
+      const tokens = (made.body.data.invokeMany.executions as { token: string }[]).map((e) => e.token);
+      const cancel = (i: number) => `c${i}: cancelExecution(token: "${tokens[i]}") { execution { status } }`;
+      const cancelled = async () => (await limited.gql(`{ executions(filter: { status: CANCELLED }) { totalCount } }`, {}, admin)).body.data.executions.totalCount as number;
+
+      const five = await mutate(`mutation { ${[0, 1, 2, 3, 4].map(cancel).join(' ')} }`);
+      assert.equal(five.status, 429, JSON.stringify(five.body));
+      assert.equal(five.body.errors?.[0].extensions?.code, 'RATE_LIMITED');
+      assert.match(five.body.errors![0].message, /5 fields, at most 4/);
+      assert.equal(await cancelled(), 0, 'nothing of it ran');
+
+      // two through a fragment and one aliased beside it: three tokens, all that is left
+      const three = await mutate(`mutation { ...Two ${cancel(2)} } fragment Two on Mutation { ${cancel(0)} ${cancel(1)} }`);
+      assert.equal(three.status, 200, JSON.stringify(three.body));
+      assert.equal(await cancelled(), 3);
+      const one = await mutate(`mutation { ${cancel(3)} }`);
+      assert.equal(one.status, 429, 'the burst is spent: three fields cost three tokens, not one');
+      assert.equal(one.body.errors?.[0].extensions?.code, 'RATE_LIMITED');
+      assert.equal(await cancelled(), 3);
+    } finally {
+      await limited.stop();
+    }
+  });
+});
+
 describe('reads per request', () => {
   it('Execution.history for a whole page is one engine read (dataloader); Batch.executions is paged', async () => {
     const batch = await t.gql(
