@@ -163,6 +163,21 @@ describe('/ready', () => {
     await waitFor(async () => (await ready()).status === 200, 5000, 'ready again');
   });
 
+  it('is 503 naming "migrations" while a table every call goes through is missing (renamed by hand), though asyncproc.migrations says all is applied', async () => {
+    await db.sql.query('alter table asyncproc.executions rename to executions_aside');
+    try {
+      const { body } = await waitFor(async () => {
+        const answer = await ready();
+        return answer.status === 503 ? answer : null;
+      }, 5000, '503');
+      assert.deepEqual(body.failed, ['migrations']);
+      assert.equal(body.checks.migrations.applied, null);
+    } finally {
+      await db.sql.query('alter table asyncproc.executions_aside rename to executions');
+    }
+    await waitFor(async () => (await ready()).status === 200, 5000, 'ready again');
+  });
+
   it('is 503 naming "database" while the database is down, and 200 again when it is back', async () => {
     const other = await startDemoDatabase();
     await other.sql.end();

@@ -137,10 +137,15 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     await this.objectChecks();
   }
 
-  /** One round trip; the table is looked for first (a restored or emptied database may lack it). */
+  /**
+   * One round trip; the tables are looked for first (a restored or emptied database may lack
+   * them): the versions, and the tables every call goes through (one renamed or dropped by hand
+   * is a schema not there, whatever the versions say).
+   */
   async schemaVersion(): Promise<SchemaVersion> {
+    const tables = ['AsyncExecSchemaVersions', 'AsyncExecResults', 'AsyncExecQueues', 'AsyncExecProcedures'];
     const { recordset } = await this.pool.request().query<{ version: number | null }>(
-      `IF OBJECT_ID(N'asyncexec.AsyncExecSchemaVersions', N'U') IS NULL BEGIN SELECT CAST(NULL AS int) AS version; END
+      `IF ${tables.map((t) => `OBJECT_ID(N'asyncexec.${t}', N'U') IS NULL`).join(' OR ')} BEGIN SELECT CAST(NULL AS int) AS version; END
        ELSE BEGIN SELECT MAX(version) AS version FROM asyncexec.AsyncExecSchemaVersions; END;`,
     );
     return { applied: recordset[0]?.version ?? null, expected: await highestMigration(this.options.sqlDir ?? MSSQL_SQL_DIR) };

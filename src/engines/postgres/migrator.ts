@@ -149,11 +149,24 @@ export async function installDemo(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR)
   await withMigrationLock(pool, (client) => inTransaction(client, () => client.query(text)));
 }
 
-/** The highest migration recorded in asyncproc.migrations (null: no such table) and the highest of the files in `dir`. */
+/**
+ * The tables every call goes through: readiness names their absence as a schema not there (a
+ * table renamed or dropped by hand, a half-restored database), though asyncproc.migrations says
+ * all is applied. Read with `where false`: no row, no lock beyond what any reader takes.
+ */
+const CORE_TABLES = ['executions', 'ready', 'queues', 'procedures'];
+
+/**
+ * The highest migration recorded in asyncproc.migrations (null: no such table, or a core table
+ * missing) and the highest of the files in `dir`.
+ */
 export async function schemaVersion(pool: pg.Pool, dir: string = POSTGRES_SQL_DIR): Promise<SchemaVersion> {
   const expected = highestMigration(dir);
   try {
-    const { rows } = await pool.query<{ version: number | null }>('select max(version) as version from asyncproc.migrations');
+    const { rows } = await pool.query<{ version: number | null }>(
+      `select max(version) as version from asyncproc.migrations
+        where not exists (select from ${CORE_TABLES.map((t) => `asyncproc.${t}`).join(', ')} where false)`,
+    );
     return { applied: rows[0]?.version ?? null, expected: await expected };
   } catch (error) {
     // undefined_table, invalid_schema_name: reachable, but the schema is not there
