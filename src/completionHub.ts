@@ -187,7 +187,9 @@ export class CompletionHub implements ListenerSink, Closeable {
   );
   /** The read in progress, or the last one. */
   private reading: Promise<void> = Promise.resolve();
-  /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
+  /** Open watches (watch() calls not yet undone): one per subscription of one value or of progress. */
+  private watches = 0;
+    /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
   private epoch = 0;
   private poller: NodeJS.Timeout | null = null;
   private closed = false;
@@ -339,13 +341,12 @@ export class CompletionHub implements ListenerSink, Closeable {
     return this.streams.size;
   }
 
-  /** Number of open subscriptions (monitoring and tests). */
+  /**
+   * Number of open subscriptions (monitoring and tests): each watch once, however many
+   * executions it watches (a batch's subscriber watches every member), and each stream.
+   */
   get size(): number {
-    let watched = 0;
-    for (const set of this.watchers.values()) watched += set.size;
-    for (const set of this.tokenWatchers.values()) watched += set.size;
-    for (const set of this.progressWatchers.values()) watched += set.size;
-    return watched + this.streams.size;
+    return this.watches + this.streams.size;
   }
 
   /**
@@ -527,12 +528,16 @@ export class CompletionHub implements ListenerSink, Closeable {
   /** Call `watcher` with each change of these executions (by id, or in `by` by token). */
   private watch(keys: readonly string[], watcher: (execution: Execution) => void, by = this.watchers): () => void {
     this.epoch++;
+    this.watches++;
     for (const key of keys) {
       let set = by.get(key);
       if (!set) by.set(key, (set = new Set()));
       set.add(watcher);
     }
+    let watching = true;
     return () => {
+      if (watching) this.watches--;
+      watching = false;
       for (const key of keys) {
         const set = by.get(key);
         set?.delete(watcher);

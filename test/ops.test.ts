@@ -11,7 +11,7 @@ import type { Closeable } from '../src/engine.js';
 import { silentLogger } from '../src/logger.js';
 import { Readiness } from '../src/readiness.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
-import { startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
+import { sleep, startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
 
 let db: DemoDatabase;
 let t: TestApp;
@@ -118,6 +118,34 @@ describe('/metrics', () => {
     await waitFor(async () => diff(await scrape(), 'asyncproc_listener_reconnects_total') === 1, 10_000, 'the reconnect counted');
   });
 
+  it('counts each open subscription once, however many executions it watches (a batch subscriber watches every member)', async () => {
+    const runAt = new Date(Date.now() + 3_600_000).toISOString();
+    const submitted = await t.gql(
+      `mutation($stage: [InvokeInput!]!) { submitBatch(input: { stages: [$stage] }) { batch { id executions(first: 1) { nodes { token } } } } }`,
+      { stage: Array.from({ length: 50 }, () => ({ procedure: 'demo.noop', runAt })) },
+    );
+    assert.equal(submitted.body.errors, undefined, JSON.stringify(submitted.body.errors));
+    const { id, executions } = submitted.body.data.submitBatch.batch;
+    const token = executions.nodes[0].token as string;
+    const before = sample(await scrape(), 'asyncproc_subscriptions');
+    const client = t.ws();
+    const streams = [
+      client.iterate({ query: `subscription($id: ID!) { batchCompleted(id: $id) { status } }`, variables: { id } }),
+      client.iterate({ query: `subscription($t: ID!) { executionCompleted(token: $t) { status } }`, variables: { t: token } }),
+      client.iterate({ query: `subscription($t: ID!) { executionProgress(token: $t) { status } }`, variables: { t: token } }),
+    ];
+    const pulls = streams.map((stream) => stream.next());
+    try {
+      await waitFor(async () => sample(await scrape(), 'asyncproc_subscriptions') - before === 3, 10_000, 'three subscriptions counted');
+      assert.equal(t.app.hub!.size, before + 3);
+    } finally {
+      await Promise.all(streams.map((stream) => stream.return?.()));
+      await client.dispose();
+      void Promise.allSettled(pulls);
+    }
+    await waitFor(async () => sample(await scrape(), 'asyncproc_subscriptions') === before, 10_000, 'all three gone');
+  });
+
   it('keeps operation names to a bounded set of labels', async () => {
     for (let i = 0; i < 120; i++) await t.gql(`query Probe${i} { __typename }`);
     const text = await scrape();
@@ -194,8 +222,12 @@ describe('/ready', () => {
       assert.ok(down.body.failed.includes('database'), JSON.stringify(down.body));
       assert.equal(down.body.status, 'unready');
       assert.equal((await fetch(`${url}/health`)).status, 200, 'liveness is not readiness');
+      // away long enough for the listener to try again several times (100, 200, 400, 800 ms, …)
+      await sleep(3000);
       await other.cluster.server.start();
       await waitFor(async () => (await ready(url)).status === 200, 30_000, 'ready again');
+      const reconnects = sample(await (await fetch(`${url}/metrics`)).text(), 'asyncproc_listener_reconnects_total');
+      assert.equal(reconnects, 1, 'one lost connection, however many attempts it took to connect again');
     } finally {
       await app.stop();
       await other.cluster.stop();

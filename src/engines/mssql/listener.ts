@@ -539,7 +539,8 @@ class ConnectionLoop {
         if (this.closed) break;
         const err = toError(error);
         this.logger.warn({ err, retryInMs: backoff }, `${this.name} failed; reconnecting`);
-        this.onFailure(err);
+        // once per loss (the listener_reconnects_total metric), not once per attempt while the database is away
+        if (!lost) this.onFailure(err);
         lost = true;
         await this.dropConnection();
         await new Promise((resolve) => setTimeout(resolve, backoff));

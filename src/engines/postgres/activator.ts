@@ -52,6 +52,8 @@ type SlotClient = ProgressSource & {
   loop?: number;
   /** How the call it runs now runs (see executionId). */
   transactional?: boolean;
+  /** The token of the call it runs now (the stop's log names calls by it: `grep <token>`). */
+  token?: string | null;
   /** Its server process (pg sets it from BackendKeyData; not in pg's types). */
   processID?: number;
   /** A transactional call's own statement (run, run_group) is on its way: the one statement the stop's hand-back may cancel. */
@@ -234,6 +236,7 @@ class QueueWorkers {
       await armTimeout(client, next.timeoutMs);
       client.executionId = next.id;
       client.transactional = next.transactional;
+      client.token = next.token;
       next = !next.transactional
         ? await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call)
         : this.grouping.size > 1 && next.timeoutMs === 0
@@ -762,8 +765,8 @@ export class PostgresActivator implements Closeable {
     logger.warn(
       {
         graceMs,
-        handedBack: back.map((c) => c.executionId),
-        waitedFor: clients.filter((c) => c.executionId != null && !c.signalable).map((c) => c.executionId),
+        handedBack: back.map((c) => c.token),
+        waitedFor: clients.filter((c) => c.executionId != null && !c.signalable).map((c) => c.token),
       },
       'stop: the grace is over; running calls go back to their queues, to run again from the start',
     );

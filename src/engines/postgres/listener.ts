@@ -57,16 +57,23 @@ export class PostgresListener implements Closeable {
     const onLost = (error?: Error) => {
       if (lost) return;
       lost = true;
-      if (this.client === client) this.client = null;
+      const connected = this.client === client;
+      if (connected) this.client = null;
       client.end().catch(() => undefined);
       if (this.closed) return;
-      this.options.logger.warn({ err: error }, 'listener connection lost; reconnecting');
-      if (error) this.options.sink.onError(error);
+      // a lost connection is told once (the listener_reconnects_total metric); an attempt to
+      // connect again that fails while the database is away is only logged
+      if (connected) {
+        this.options.logger.warn({ err: error }, 'listener connection lost; reconnecting');
+        this.options.sink.onError(error ?? new Error('the listener connection ended'));
+      } else this.options.logger.warn({ err: error }, 'listener could not connect; trying again');
       this.scheduleReconnect();
     };
     client.on('error', onLost);
     client.on('end', () => onLost());
     client.on('notification', (msg) => {
+      // heard from the database (readiness, the listener_lag_seconds metric), not only by the heartbeat
+      this.options.sink.onHeartbeat?.();
       // this process's own notifier: its listeners were told when it queued the NOTIFY
       if (msg.channel === 'asyncproc_events' && this.options.ownSender?.(msg.processId)) return;
       this.hear(msg.channel, msg.payload);
