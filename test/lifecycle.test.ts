@@ -354,6 +354,41 @@ describe('a stop with calls running (stopGraceMs)', () => {
   });
 });
 
+describe('a lowered concurrency', () => {
+  it('a slot over the new limit starts nothing more: the call its ending statement claimed is given back unstarted', async () => {
+    await engine.configureQueue('lc_lower', 2);
+    const first = await engine.submit([
+      { procedure: 'lc.record_sleep', arguments: { tag: 'lower-first-0', seconds: 1.5 }, queue: 'lc_lower' },
+      { procedure: 'lc.record_sleep', arguments: { tag: 'lower-first-1', seconds: 1.5 }, queue: 'lc_lower' },
+    ]);
+    const activator = await engine.startActivator({ workerId: 'lc-lower', queues: ['lc_lower'] });
+    try {
+      // both run() statements are on their way, each asked to claim the queue's next call as it ends
+      await waitFor(
+        async () => Number((await sql.query(`select count(*) from pg_stat_activity where application_name like 'asyncproc worker lc-lower/%' and state = 'active' and query like '%asyncproc.run(%'`)).rows[0].count) === 2,
+        10_000,
+        'both first calls to run',
+      );
+      const next = await engine.submit([
+        { procedure: 'lc.record_sleep', arguments: { tag: 'lower-next-0', seconds: 0.5 }, queue: 'lc_lower' },
+        { procedure: 'lc.record_sleep', arguments: { tag: 'lower-next-1', seconds: 0.5 }, queue: 'lc_lower' },
+      ]);
+      await engine.configureQueue('lc_lower', 1);
+      await waitFor(async () => (await sql.query(`select 1 from asyncproc.executions where id = any($1::bigint[]) and status <> 'SUCCEEDED'`, [[...first, ...next].map((c) => c.id)])).rowCount === 0, 20_000, 'every call to end');
+      // the first two were running when the limit fell (they end, as documented); the next two start after it: one at a time
+      const { rows } = await sql.query<{ started: Date; finished: Date }>(
+        `select started_at as started, finished_at as finished from asyncproc.executions where id = any($1::bigint[]) order by started_at`,
+        [next.map((c) => c.id)],
+      );
+      assert.ok(rows[1].started >= rows[0].finished, `the next calls ran at once against a limit of 1: ${JSON.stringify(rows)}`);
+      assert.equal(await ledger('lower-next-0') + (await ledger('lower-next-1')), 2, 'each once');
+    } finally {
+      await activator.close();
+      await engine.configureQueue('lc_lower', 1);
+    }
+  });
+});
+
 describe('only the session that claimed a call ends it (item 5)', () => {
   it('a worker that lost its lock cannot run, finish or abandon the new run of its call', async () => {
     const x = await submit('lc.record_sleep', { tag: 'owner', seconds: 0 }, 'lc_owner');

@@ -220,10 +220,11 @@ class QueueWorkers {
     while (next.id !== null) {
       // the token and procedure on every line of a call, so `grep <token>` tells its story in every process
       const call = { token: next.token, procedure: next.procedure, queue: this.name, worker };
-      if (this.activator.stopping) {
-        // claimed by the statement that ended the last call, asked for before the stop: not
-        // started, given back (a call outside a transaction is never started while stopping)
-        next = await this.release(client, next.id, call);
+      if (this.activator.stopping || !this.allowed(client)) {
+        // claimed by the statement that ended the last call, asked for before the stop or before
+        // the queue's concurrency fell below this slot: not started, given back (a call outside a
+        // transaction is never started while stopping; a slot over the limit starts nothing)
+        next = await this.release(client, next.id, call, this.activator.stopping ? 'the worker is stopping' : "the queue's concurrency was lowered");
         continue;
       }
       this.activator.options.logger.info(call, 'execution started');
@@ -253,9 +254,13 @@ class QueueWorkers {
    * instead of going on until the queue is empty with more calls running than the limit.
    */
   private nextQueue(client: SlotClient): string | null {
-    if (this.activator.stopping) return null;
+    return !this.activator.stopping && this.allowed(client) ? this.name : null;
+  }
+
+  /** Whether this loop and the slot it holds are within the queue's concurrency (configureQueue may lower it). */
+  private allowed(client: SlotClient): boolean {
     const within = (n: number | undefined) => n !== undefined && n < this.concurrency;
-    return within(client.loop) && within(client.slot) ? this.name : null;
+    return within(client.loop) && within(client.slot);
   }
   /** The row cap of results. */
   private get maxRows(): number {
@@ -336,10 +341,10 @@ class QueueWorkers {
     return this.ended(current, await this.abandonCall(client, current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut, handedBack), call);
   }
 
-  /** A call claimed here and not started, given back to its queue (the worker is stopping). */
-  private async release(client: SlotClient, current: string, call: CallLog): Promise<Claimed> {
-    this.activator.options.logger.info(call, 'execution given back unstarted: the worker is stopping');
-    return this.ended(current, await this.abandonCall(client, current, '57014', 'given back unstarted: the worker stopped', false, true), call);
+  /** A call claimed here and not started, given back to its queue (the worker is stopping, or the slot is over the limit). */
+  private async release(client: SlotClient, current: string, call: CallLog, why: string): Promise<Claimed> {
+    this.activator.options.logger.info({ ...call, why }, 'execution given back unstarted');
+    return this.ended(current, await this.abandonCall(client, current, '57014', `given back unstarted: ${why}`, false, true), call);
   }
 
   private async abandonCall(client: SlotClient, current: string, code: string | null, message: string, timedOut: boolean, handedBack: boolean): Promise<EndedRow> {
