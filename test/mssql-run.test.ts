@@ -246,7 +246,7 @@ describe('mssql run: timeoutMs (item 6 of the brief, 10 of the issue)', () => {
     const pool = { request: () => assert.fail('no request for a refused registration') } as unknown as sql.ConnectionPool;
     await assert.rejects(registerProcedure(pool, 'demo.sleep', { timeoutMs: 500 }), (e: unknown) => e instanceof EngineError && e.code === 'BAD_USER_INPUT');
     const register = withoutComments(await procedure('usp_AsyncExecRegister'));
-    assert.match(register, /IF @timeoutMs IS NOT NULL\s+BEGIN\s+SET @message = N'timeoutMs is not supported on SQL Server[^;]*;\s+THROW 50005, @message, 1;/);
+    assert.match(register, /IF @timeoutMs IS NOT NULL\s+BEGIN\s+SET @message = N'timeoutMs is not supported on SQL Server[^;]*;\s+SET @message = REPLACE\(@message, N'%', N'%%'\);\s+THROW 50005, @message, 1;/);
     assert.match(codeOnly(await file('0011_run.sql')), /UPDATE asyncexec\.AsyncExecProcedures SET timeout_ms = NULL WHERE timeout_ms IS NOT NULL;/);
   });
 });
@@ -254,8 +254,11 @@ describe('mssql run: timeoutMs (item 6 of the brief, 10 of the issue)', () => {
 describe('mssql register: the service’s own procedures', () => {
   it('are refused (50005, BAD_USER_INPUT) once the name is resolved, before anything is written', async () => {
     const register = withoutComments(await procedure('usp_AsyncExecRegister'));
-    const guard = /IF @schema = N'asyncexec'\s+BEGIN\s+SET @message = CONCAT\([^;]*\);\s+THROW 50005, @message, 1;\s+END;/.exec(register);
-    assert.ok(guard, 'the guard on the resolved schema');
+    const guard = /SELECT @refused = asyncexec\.AsyncExecRefusedProcedure\(@object\);\s+IF @refused IS NOT NULL\s+BEGIN\s+(?:SET @message = [^;]*;\s+)+THROW 50005, @message, 1;\s+END;/.exec(register);
+    assert.ok(guard, 'the guard on the resolved procedure');
+    // the function it asks refuses the service's schema first
+    const refusal = withoutComments(await readFile(new URL('../sql/mssql/procedures/AsyncExecRefusedProcedure.sql', import.meta.url), 'utf8'));
+    assert.match(refusal, /IF @schema = N'asyncexec'\s+RETURN N'one of the service''s own procedures \(schema asyncexec\)';/);
     assert.ok(guard.index > register.indexOf('SELECT @schema = OBJECT_SCHEMA_NAME(@object)'), 'after the name is resolved to its schema');
     assert.ok(guard.index < register.search(/\b(INSERT|MERGE|UPDATE)\b/), 'before any write');
   });
