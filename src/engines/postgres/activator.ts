@@ -344,6 +344,8 @@ class QueueWorkers {
   /** A call claimed here and not started, given back to its queue (the worker is stopping, or the slot is over the limit). */
   private async release(client: SlotClient, current: string, call: CallLog, why: string): Promise<Claimed> {
     this.activator.options.logger.info({ ...call, why }, 'execution given back unstarted');
+    // the last call's timeout may still be armed: it must not cut this record (it may wait for the row)
+    await armTimeout(client, 0);
     return this.ended(current, await this.abandonCall(client, current, '57014', `given back unstarted: ${why}`, false, true), call);
   }
 
