@@ -31,7 +31,8 @@ export interface ReadinessReport {
   failed: ReadinessCheck[];
   checks: {
     database: { ok: boolean; ms: number; reason?: 'timeout' | 'error' };
-    migrations: { ok: boolean; applied: number | null; expected: number | null };
+    /** ok null: not known (the database was not reached), not counted as failed: `database` is. */
+    migrations: { ok: boolean | null; applied: number | null; expected: number | null };
     listener: { ok: boolean; heardSecondsAgo: number | null };
   };
 }
@@ -60,12 +61,12 @@ export class Readiness {
     const database = { ok: reached, ms: Date.now() - started, ...(reached ? {} : { reason: version === 'timeout' ? ('timeout' as const) : ('error' as const) }) };
     const applied = reached ? version.applied : null;
     const expected = reached ? version.expected : null;
-    const migrations = { ok: reached && applied !== null && applied >= version.expected, applied, expected };
+    const migrations = { ok: reached ? applied !== null && applied >= version.expected : null, applied, expected };
     const { heardAt } = this.options.hub;
     const heardSecondsAgo = heardAt === null ? null : (Date.now() - heardAt) / 1000;
     const listener = { ok: heardSecondsAgo !== null && heardSecondsAgo * 1000 <= (this.options.listenerStaleMs ?? 30_000), heardSecondsAgo };
     const checks = { database, migrations, listener };
-    const failed = (Object.keys(checks) as ReadinessCheck[]).filter((name) => !checks[name].ok);
+    const failed = (Object.keys(checks) as ReadinessCheck[]).filter((name) => checks[name].ok === false);
     this.logChange(failed, version instanceof Error ? version : undefined, checks);
     return { ready: failed.length === 0, failed, checks };
   }
