@@ -277,6 +277,13 @@ describe('log lines of one execution', () => {
     assert.equal(failure.status, 'FAILED');
     assert.match(failure.error.message, /kaput/);
 
+    // a retry says which attempt failed, and why
+    const retried = await invoke({ procedure: 'demo.fail', arguments: { message: 'flaky once' }, maxAttempts: 2 });
+    const retry = await waitFor(async () => logged.find((line) => line.token === retried && line.msg === 'execution will retry'), 20_000, 'the retry logged');
+    assert.equal(retry.procedure, 'demo.fail');
+    assert.equal(retry.attempt, 1);
+    assert.match(retry.error.message, /flaky once/);
+
     const later = await invoke({ procedure: 'demo.add', arguments: { a: 1, b: 1 }, runAt: new Date(Date.now() + 3_600_000).toISOString() });
     const { body } = await t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: later });
     assert.equal(body.data.cancelExecution.execution.status, 'CANCELLED');

@@ -448,10 +448,24 @@ class QueueWorkers {
     return this.ended(current, ended, call);
   }
 
+  /**
+   * A failed attempt that will be retried, logged with its number and error (read back from the
+   * attempts it was moved to: retries are few, and `grep <token>` then tells why each one failed).
+   */
+  private async logRetry(current: string, call: CallLog): Promise<void> {
+    const { logger } = this.activator.options;
+    const attempt = await this.activator.lastAttempt(current).catch(() => null);
+    logger.info(
+      { ...call, status: 'WAITING', ...(attempt ? { attempt: attempt.number, error: { number: attempt.error_number, message: attempt.error_message?.slice(0, 500) } } : {}) },
+      'execution will retry',
+    );
+  }
+
   /** Notify what a run or an abandon ended and claimed; the next call to run. */
   private ended(current: string, row: EndedRow, call: CallLog): Claimed {
     const { notifier, logger } = this.activator.options;
-    if (row.done_status) logger.info({ ...call, status: row.done_status }, row.done_status === 'WAITING' ? 'execution will retry' : 'execution ended');
+    if (row.done_status === 'WAITING') void this.logRetry(current, call);
+    else if (row.done_status) logger.info({ ...call, status: row.done_status }, 'execution ended');
     if (row.done_seq !== null) notifier.event(current, row.done_seq, row.done_status!, row.done_row ? toExecution(rowFromJson(row.done_row)) : undefined);
     if (row.done_status === 'WAITING') this.activator.scheduleDue(); // a retry with backoff
     if (row.next_id !== null) notifier.event(row.next_id, row.next_seq!, 'RUNNING');
@@ -556,6 +570,15 @@ export class PostgresActivator implements Closeable {
 
   constructor(readonly options: PostgresActivatorOptions, private readonly pool: pg.Pool) {
     this.tickMs = options.tickMs ?? 1000;
+  }
+
+  /** The latest attempt recorded for an execution (a failed one that is being retried). */
+  async lastAttempt(id: string): Promise<{ number: number; error_number: string | null; error_message: string | null } | null> {
+    const { rows } = await this.pool.query<{ number: number; error_number: string | null; error_message: string | null }>(
+      'select number, error_number, error_message from asyncproc.attempts where execution_id = $1 order by number desc limit 1',
+      [id],
+    );
+    return rows[0] ?? null;
   }
 
   async connect(applicationName: string): Promise<pg.Client> {
