@@ -189,7 +189,7 @@ export class CompletionHub implements ListenerSink, Closeable {
   private reading: Promise<void> = Promise.resolve();
   /** Open watches (watch() calls not yet undone): one per subscription of one value or of progress. */
   private watches = 0;
-    /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
+  /** Grows with every new subscription: a read that skipped rows for want of interest must not move past one. */
   private epoch = 0;
   private poller: NodeJS.Timeout | null = null;
   private closed = false;

@@ -1,5 +1,6 @@
-import { getOperationAST, Kind, type DocumentNode, type SelectionSetNode } from 'graphql';
+import { getOperationAST } from 'graphql';
 import { createGraphQLError, type Plugin } from 'graphql-yoga';
+import { rootFields } from '../edge/oneSubmission.js';
 import type { Principal } from './principal.js';
 
 /**
@@ -43,26 +44,8 @@ export class RateLimiter {
 }
 
 /**
- * The fields a selection set asks for at its own level, through inline fragments and fragment
- * spreads (each fragment once: a spread cycle is refused by validation, which runs first).
- */
-export function rootFieldCount(selectionSet: SelectionSetNode, document: DocumentNode, seen = new Set<string>()): number {
-  let count = 0;
-  for (const selection of selectionSet.selections) {
-    if (selection.kind === Kind.FIELD) count += selection.name.value === '__typename' ? 0 : 1;
-    else if (selection.kind === Kind.INLINE_FRAGMENT) count += rootFieldCount(selection.selectionSet, document, seen);
-    else if (!seen.has(selection.name.value)) {
-      seen.add(selection.name.value);
-      const fragment = document.definitions.find((d) => d.kind === Kind.FRAGMENT_DEFINITION && d.name.value === selection.name.value);
-      if (fragment?.kind === Kind.FRAGMENT_DEFINITION) count += rootFieldCount(fragment.selectionSet, document, seen);
-    }
-  }
-  return count;
-}
-
-/**
  * Refuse a mutation over the caller's rate with RATE_LIMITED, HTTP 429 and Retry-After; nothing
- * runs. Each of its root fields is one mutation: 50 aliased cancelExecution fields in one
+ * runs. Each of its root fields that runs is one mutation: 50 aliased cancelExecution fields in one
  * request cost 50, as 50 requests would. One asking for more than the burst can never run.
  */
 export function useMutationRateLimit(limiter: RateLimiter): Plugin<{ principal?: Principal }> {
@@ -70,7 +53,8 @@ export function useMutationRateLimit(limiter: RateLimiter): Plugin<{ principal?:
     onExecute({ args, setResultAndStopExecution }) {
       const operation = getOperationAST(args.document, args.operationName);
       if (operation?.operation !== 'mutation') return;
-      const count = rootFieldCount(operation.selectionSet, args.document);
+      // the fields that will run (aliases, fragments, @skip/@include applied); __typename is no mutation
+      const count = rootFields(args.document, operation.selectionSet, (args.variableValues ?? {}) as Record<string, unknown>).filter((name) => name !== '__typename').length;
       if (count === 0) return;
       if (count > limiter.burst) {
         setResultAndStopExecution({

@@ -20,7 +20,7 @@ import { userError } from '../schema/errors.js';
 export const UNREPEATABLE_MUTATIONS: ReadonlySet<string> = new Set(['invoke', 'invokeMany', 'submitBatch', 'createApiKey']);
 
 /** The root fields the operation will execute, by field name, once per alias, @skip and @include applied. */
-function rootFields(document: DocumentNode, selectionSet: SelectionSetNode, variables: Record<string, unknown>): string[] {
+export function rootFields(document: DocumentNode, selectionSet: SelectionSetNode, variables: Record<string, unknown>): string[] {
   const fragments = new Map<string, FragmentDefinitionNode>();
   for (const definition of document.definitions) if (definition.kind === Kind.FRAGMENT_DEFINITION) fragments.set(definition.name.value, definition);
   const names: string[] = [];

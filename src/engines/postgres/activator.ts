@@ -335,21 +335,21 @@ class QueueWorkers {
     // the stop's cancel (a cancel on request is CANCELLED whatever this says: abandon reads the request first)
     const handedBack = client.handingBack !== undefined && err.code === '57014' && !timedOut;
     this.activator.options.logger.info({ ...call, code: err.code, timedOut, handedBack, error: err.message }, 'execution stopped (cancelled or timed out)');
-    // the call's timeout is still armed on the session: a short one (a few ms) would cut the record
-    // of its end too, and the slot would then drop its session as lost (recover: LOST, then AP010)
-    await armTimeout(client, 0);
     return this.ended(current, await this.abandonCall(client, current, err.code ?? null, describe(err, timedOut, timeoutMs), timedOut, handedBack), call);
   }
 
   /** A call claimed here and not started, given back to its queue (the worker is stopping, or the slot is over the limit). */
   private async release(client: SlotClient, current: string, call: CallLog, why: string): Promise<Claimed> {
     this.activator.options.logger.info({ ...call, why }, 'execution given back unstarted');
-    // the last call's timeout may still be armed: it must not cut this record (it may wait for the row)
-    await armTimeout(client, 0);
     return this.ended(current, await this.abandonCall(client, current, '57014', `given back unstarted: ${why}`, false, true), call);
   }
 
+  /** asyncproc.abandon() of a call this slot holds, with no statement timeout armed. */
   private async abandonCall(client: SlotClient, current: string, code: string | null, message: string, timedOut: boolean, handedBack: boolean): Promise<EndedRow> {
+    // the call's (or the last call's) timeout may still be armed on the session: a short one (a few
+    // ms) would cut this record too (it may wait for the row), and the slot would then drop its
+    // session as lost (recover: LOST, then AP010)
+    await armTimeout(client, 0);
     return (
       await client.query<EndedRow>('select done_seq, done_status, null as next_id from asyncproc.abandon($1, $2, $3, $4, $5)', [current, code, message, timedOut, handedBack])
     ).rows[0];
