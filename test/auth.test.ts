@@ -616,15 +616,20 @@ describe('configuration', () => {
   });
 });
 
+/** A service on a database of its own, with JWTs and this mutation rate (per second) and burst. */
+async function rateLimitedApp(rate: string, burst: string): Promise<TestApp> {
+  return startTestApp(await cluster.createDatabase(), {
+    ASYNCPROC_JWT_SECRET: SECRET,
+    ASYNCPROC_JWT_ISSUER: ISSUER,
+    ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
+    ASYNCPROC_RATE_LIMIT: rate,
+    ASYNCPROC_RATE_BURST: burst,
+  });
+}
+
 describe('rate limit', () => {
   it('a caller over its mutation rate gets RATE_LIMITED with Retry-After, others do not, and it recovers', async () => {
-    const limited = await startTestApp(await cluster.createDatabase(), {
-      ASYNCPROC_JWT_SECRET: SECRET,
-      ASYNCPROC_JWT_ISSUER: ISSUER,
-      ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
-      ASYNCPROC_RATE_LIMIT: '2',
-      ASYNCPROC_RATE_BURST: '3',
-    });
+    const limited = await rateLimitedApp('2', '3');
     try {
       const mutate = (headers: Record<string, string>) =>
         fetch(limited.url, {
@@ -652,13 +657,7 @@ describe('rate limit', () => {
 
 describe('rate limit: each root field of a mutation is one mutation', () => {
   it('aliased fields (and fields through fragments) each take a token; more than the burst in one request is refused and runs nothing', async () => {
-    const limited = await startTestApp(await cluster.createDatabase(), {
-      ASYNCPROC_JWT_SECRET: SECRET,
-      ASYNCPROC_JWT_ISSUER: ISSUER,
-      ASYNCPROC_JWT_AUDIENCE: AUDIENCE,
-      ASYNCPROC_RATE_LIMIT: '0.5',
-      ASYNCPROC_RATE_BURST: '4',
-    });
+    const limited = await rateLimitedApp('0.5', '4');
     try {
       const mutate = async (query: string, variables: Record<string, unknown> = {}) => {
         const response = await fetch(limited.url, { method: 'POST', headers: { 'content-type': 'application/json', ...alice }, body: JSON.stringify({ query, variables }) });

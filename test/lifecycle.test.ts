@@ -62,6 +62,16 @@ const counts = async (id: string) => {
   const { status, attempts, recoveries } = await row(id);
   return { status, attempts, recoveries };
 };
+/** Until `count` run() statements of the worker `workerId` are on their way (each will claim the queue's next call as it ends). */
+const runsOnTheirWay = (workerId: string, count = 1) =>
+  waitFor(
+    async () =>
+      Number(
+        (await sql.query(`select count(*) from pg_stat_activity where application_name like $1 and state = 'active' and query like '%asyncproc.run(%'`, [`asyncproc worker ${workerId}/%`])).rows[0].count,
+      ) === count,
+    10_000,
+    `${count} run() of ${workerId} on its way`,
+  );
 const attempts = async (id: string) =>
   (await sql.query('select status from asyncproc.attempts where execution_id = $1 order by number', [id])).rows.map((r) => r.status);
 const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
@@ -280,11 +290,7 @@ describe('a stop with calls running (stopGraceMs)', () => {
     ]);
     const activator = await engine.startActivator({ workerId: 'lc-given', queues: ['lc_given'], stopGraceMs: 30_000 });
     // run() is on its way, asked to claim the queue's next call as it ends (the stop comes after)
-    await waitFor(
-      async () => (await sql.query(`select 1 from pg_stat_activity where application_name like 'asyncproc worker lc-given/%' and state = 'active' and query like '%asyncproc.run(%'`)).rowCount,
-      10_000,
-      'the first call to run',
-    );
+    await runsOnTheirWay('lc-given');
     await activator.close();
     assert.equal((await row(first.id)).status, 'SUCCEEDED', 'the running call was waited for (within the grace)');
     assert.deepEqual(await counts(claimedNext.id), { status: 'PENDING', attempts: 0, recoveries: 0 }, 'given back: not started, not an attempt, not an interruption');
@@ -311,11 +317,7 @@ describe('a stop with calls running (stopGraceMs)', () => {
     ]);
     const activator = await late.startActivator({ workerId: 'lc-late', queues: ['lc_late'], stopGraceMs: 300 });
     try {
-      await waitFor(
-        async () => (await sql.query(`select 1 from pg_stat_activity where application_name like 'asyncproc worker lc-late/%' and state = 'active' and query like '%asyncproc.run(%'`)).rowCount,
-        10_000,
-        'the first call to run',
-      );
+      await runsOnTheirWay('lc-late');
       const held = late.pool.query('select pg_sleep(2)');
       await activator.close();
       await held;
@@ -364,11 +366,7 @@ describe('a lowered concurrency', () => {
     const activator = await engine.startActivator({ workerId: 'lc-lower', queues: ['lc_lower'] });
     try {
       // both run() statements are on their way, each asked to claim the queue's next call as it ends
-      await waitFor(
-        async () => Number((await sql.query(`select count(*) from pg_stat_activity where application_name like 'asyncproc worker lc-lower/%' and state = 'active' and query like '%asyncproc.run(%'`)).rows[0].count) === 2,
-        10_000,
-        'both first calls to run',
-      );
+      await runsOnTheirWay('lc-lower', 2);
       const next = await engine.submit([
         { procedure: 'lc.record_sleep', arguments: { tag: 'lower-next-0', seconds: 0.5 }, queue: 'lc_lower' },
         { procedure: 'lc.record_sleep', arguments: { tag: 'lower-next-1', seconds: 0.5 }, queue: 'lc_lower' },

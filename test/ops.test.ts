@@ -64,6 +64,14 @@ async function ready(url = base()): Promise<{ status: number; body: any }> {
   return { status: response.status, body: await response.json() };
 }
 
+/** The first 503 answer of /ready (polled until `timeoutMs`). */
+function unready(url = base(), timeoutMs = 5000): Promise<{ status: number; body: any }> {
+  return waitFor(async () => {
+    const answer = await ready(url);
+    return answer.status === 503 ? answer : null;
+  }, timeoutMs, '503');
+}
+
 describe('/metrics', () => {
   it('moves with the calls that ran: counters, histograms, queue gauges, subscribers, reconnects', async () => {
     const before = await scrape();
@@ -179,10 +187,7 @@ describe('/ready', () => {
   it('is 503 naming "migrations" while the database is behind the service (say, restored from an older backup)', async () => {
     const { rows } = await db.sql.query<{ version: number; name: string }>('delete from asyncproc.migrations where version = (select max(version) from asyncproc.migrations) returning version, name');
     try {
-      const { body } = await waitFor(async () => {
-        const answer = await ready();
-        return answer.status === 503 ? answer : null;
-      }, 5000, '503');
+      const { body } = await unready();
       assert.deepEqual(body.failed, ['migrations']);
       assert.equal(body.checks.migrations.applied, rows[0].version - 1);
     } finally {
@@ -194,10 +199,7 @@ describe('/ready', () => {
   it('is 503 naming "migrations" while a table every call goes through is missing (renamed by hand), though asyncproc.migrations says all is applied', async () => {
     await db.sql.query('alter table asyncproc.executions rename to executions_aside');
     try {
-      const { body } = await waitFor(async () => {
-        const answer = await ready();
-        return answer.status === 503 ? answer : null;
-      }, 5000, '503');
+      const { body } = await unready();
       assert.deepEqual(body.failed, ['migrations']);
       assert.equal(body.checks.migrations.applied, null);
     } finally {
@@ -215,10 +217,7 @@ describe('/ready', () => {
     try {
       assert.equal((await ready(url)).status, 200);
       await other.cluster.server.stop();
-      const down = await waitFor(async () => {
-        const answer = await ready(url);
-        return answer.status === 503 ? answer : null;
-      }, 10_000, '503');
+      const down = await unready(url, 10_000);
       assert.deepEqual(down.body.failed, ['database'], JSON.stringify(down.body));
       assert.equal(down.body.checks.migrations.ok, null, 'the schema is not known, not missing');
       assert.equal(down.body.status, 'unready');
