@@ -278,6 +278,13 @@ describe('mssql: T-SQL rules checked without a server', () => {
       }
     }
     assert.ok(throws > 40, `${throws} THROWs of a message read`);
+    // a message that holds what the caller sent (the argument problems, the names an unqualified
+    // name may have meant) may reach 2048 characters: cut to 1024 before doubling when it would not fit
+    const guarded = /IF DATALENGTH\(REPLACE\(@message, '\s*', '\s*'\)\) > 4096\s+SET @message = LEFT\(@message, 1024\);\s+SET @message = REPLACE\(@message, '\s*', '\s*'\);\s+THROW (\d+), @message, 1;/g;
+    for (const [name, numbers] of [['usp_AsyncExecInvoke', ['50001', '50002']], ['usp_AsyncExecRegister', ['50002']]] as const) {
+      const code = codeOnly((await currentProcedures()).get(name)!.text);
+      assert.deepEqual([...code.matchAll(guarded)].map((m) => m[1]), numbers, `${name}: the long messages are cut before they are doubled`);
+    }
   });
 
   it("refuses, at registration and again at every call before its first write, a procedure not to run as a call (SQL Server's own, or named like it)", async () => {

@@ -124,6 +124,10 @@ BEGIN
     IF @problems IS NOT NULL
     BEGIN
         SET @message = LEFT(CONCAT(N'cannot register ', @registered, N': ', @problems), 2048);
+        -- doubled past nvarchar(2048) (the text holds what the caller sent), the doubling would be cut,
+        -- maybe inside a %%: cut the message first, to a length whose doubling always fits
+        IF DATALENGTH(REPLACE(@message, N'%', N'%%')) > 4096
+            SET @message = LEFT(@message, 1024);
         SET @message = REPLACE(@message, N'%', N'%%');
         THROW 50002, @message, 1;
     END;
