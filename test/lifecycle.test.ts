@@ -75,6 +75,23 @@ const runsOnTheirWay = (workerId: string, count = 1) =>
 const attempts = async (id: string) =>
   (await sql.query('select status from asyncproc.attempts where execution_id = $1 order by number', [id])).rows.map((r) => r.status);
 const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
+/**
+ * What the activator does with a non-transactional call a cancel stopped: record it
+ * (asyncproc.conclude), again while the cancel's renewed signal (cancel_resignal, every 50 ms
+ * while the cancel waits) cuts the record itself.
+ */
+async function concludeCancelled(worker: pg.Client & { pid: number }, id: string): Promise<void> {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
+        id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
+      ]);
+      return;
+    } catch (error) {
+      if ((error as { code?: string }).code !== '57014' || attempt === 10) throw error;
+    }
+  }
+}
 /** Advisory locks a session holds (granted). */
 const advisoryLocks = async (pid: number) =>
   Number((await sql.query(`select count(*) from pg_locks where pid = $1 and locktype = 'advisory' and granted`, [pid])).rows[0].count);
@@ -167,9 +184,7 @@ describe('a cancel between the claim and the run', () => {
     await waitFor(async () => (await sql.query('select cancel_requested from asyncproc.executions where id = $1', [x.id])).rows[0].cancel_requested, 5_000, 'the cancel to be asked');
     await assert.rejects(worker.query('select * from asyncproc.prepare_call($1, 100)', [x.id]), (e: any) => e.code === '57014');
     // what the activator does with a failed non-transactional call
-    await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
-      x.id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
-    ]);
+    await concludeCancelled(worker, x.id);
     assert.equal((await cancelling).status, 'CANCELLED');
     assert.equal(await ledger('between-outside'), 0, 'the call never ran');
   });
@@ -243,11 +258,48 @@ describe('a cancel that finds the worker of a call run outside a transaction idl
     assert.equal((await worker.query('select 1 as one')).rows[0].one, 1, 'the first signal cancelled nothing');
     const ran = await settle(worker.query(prepared.statement, [prepared.arguments]));
     assert.ok('error' in ran && (ran.error as any).code === '57014', 'the statement ran to its end');
-    await worker.query('select * from asyncproc.conclude($1, $2, null, false, null, null, null, null, $3, $4, null, null)', [
-      x.id, `w${worker.pid}`, '57014', 'canceling statement due to user request',
-    ]);
+    await concludeCancelled(worker, x.id);
     assert.equal((await cancelling).status, 'CANCELLED');
     assert.equal(await ledger('resignal'), 0, "the call's writes were rolled back");
+  });
+});
+
+describe('a cancel that comes as a call outside a transaction ends', () => {
+  it('cuts only the record of its end, which the worker sends again as often as it is cut: the call is recorded as it ended, never FAILED for it', async () => {
+    await sql.query(`create or replace procedure lc.record_sleep_outside(tag text, seconds double precision) language plpgsql as $$
+                       begin insert into demo.ledger (tag) values (tag); perform pg_sleep(seconds); end $$;
+                     select asyncproc.register('lc.record_sleep_outside(text, double precision)', transactional => false);`);
+    await engine.configureQueue('lc_conclude', 1);
+    const x = await submit('lc.record_sleep_outside', { tag: 'conclude-cut', seconds: 0.5 }, 'lc_conclude');
+    const holder = await session();
+    const activator = await engine.startActivator({ workerId: 'lc-conclude', queues: ['lc_conclude'] });
+    try {
+      await waitFor(async () => (await row(x.id)).status === 'RUNNING', 10_000, 'the call to run');
+      const { backend_pid: pid } = await row(x.id);
+      // its row held, as cancel_resignal holds it while it signals: the record of the call's end waits for it
+      await holder.query('begin');
+      await holder.query('select from asyncproc.executions where id = $1 for no key update', [x.id]);
+      let cut: string | null = null;
+      for (let signal = 0; signal < 3; signal++) {
+        // a conclude() waiting for the row, each time a new one (the last one was cut)
+        const waiting = await waitFor(async () => {
+          const { rows } = await sql.query(
+            `select query_start::text as started from pg_stat_activity where pid = $1 and wait_event_type = 'Lock' and query like '%asyncproc.conclude(%'`,
+            [pid],
+          );
+          return rows[0] && rows[0].started !== cut ? rows[0].started : null;
+        }, 10_000, `conclude() to wait for the row (signal ${signal + 1})`);
+        cut = waiting;
+        await sql.query('select pg_cancel_backend($1)', [pid]);
+      }
+      await holder.query('commit');
+      await waitFor(async () => (await row(x.id)).status !== 'RUNNING', 10_000, 'the call to be recorded');
+      assert.deepEqual(await counts(x.id), { status: 'SUCCEEDED', attempts: 1, recoveries: 0 }, 'recorded as it ended');
+      assert.equal(await ledger('conclude-cut'), 1, 'ran once');
+    } finally {
+      await holder.query('rollback').catch(() => undefined);
+      await activator.close();
+    }
   });
 });
 

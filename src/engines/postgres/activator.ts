@@ -42,6 +42,8 @@ const PURGE_BUDGET_MS = 2000;
  * many processes do not connect at one instant.
  */
 const PROBE_MS = 5000;
+/** Tries at recording a non-transactional call's end (asyncproc.conclude) that a cancel's signals cut. */
+const CONCLUDE_TRIES = 10;
 /** Claims between two vacuums of the ready table. */
 const VACUUM_EVERY = 2000;
 const slotName = (queue: string, slot: number) => `asyncproc queue slot ${queue}#${slot}`;
@@ -431,19 +433,24 @@ class QueueWorkers {
           failure?.where ?? null,
         ],
       });
-    let ended: EndedRow;
+    let ended: EndedRow | undefined;
     // stopped by its timeout (or a cancel): the timeout still armed would cut the record of it as well
     if (failure?.code === '57014') await armTimeout(client, 0);
-    try {
-      ended = (await conclude()).rows[0];
-    } catch (error) {
-      if (isConnectionError(error)) throw error;
-      // The call's effects are committed; a late cancel or the call's own timeout cut the record
-      // of them. Once more with no timeout armed; failing again, the slot drops its session, and
-      // recover ends the call FAILED (AP008) rather than run it twice.
-      this.activator.options.logger.warn({ err: toError(error), execution: current }, 'recording a non-transactional call failed; once more');
-      await armTimeout(client, 0);
-      ended = (await conclude()).rows[0];
+    for (let attempt = 1; !ended; attempt++) {
+      try {
+        ended = (await conclude()).rows[0];
+      } catch (error) {
+        if (isConnectionError(error)) throw error;
+        // The call's effects are committed; a late cancel or the call's own timeout cut the record
+        // of them. Again with no timeout armed. A cancel waiting for the call's end signals this
+        // session again (cancel_resignal) while conclude() waits for the row the signal's statement
+        // holds, every 50 ms at most, so only a cancel's cut is sent again past the second try;
+        // anything else, or past CONCLUDE_TRIES, the slot drops its session and recover ends the
+        // call FAILED (AP008) rather than run it twice.
+        if (attempt >= CONCLUDE_TRIES || (attempt > 1 && (error as { code?: string }).code !== '57014')) throw error;
+        this.activator.options.logger.warn({ err: toError(error), token: call.token, procedure: call.procedure, attempt }, 'recording a non-transactional call failed; once more');
+        await armTimeout(client, 0);
+      }
     }
     return this.ended(current, ended, call);
   }
