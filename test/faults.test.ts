@@ -123,6 +123,34 @@ describe('several worker processes', () => {
     }
   });
 
+  it('a raised limit costs a few connections a process beyond the slots, and waiting loops look for a slot together, not each', async () => {
+    await engine.configureQueue('raised', 2);
+    const processes = ['r1', 'r2', 'r3'];
+    const activators = await Promise.all(processes.map((workerId) => engine.startActivator({ workerId, queues: ['raised'] })));
+    try {
+      const slotConnections = async () =>
+        Number((await sql.query(`select count(*) as n from pg_stat_activity where application_name like 'asyncproc worker %/raised#%'`)).rows[0].n);
+      await waitFor(async () => (await slotConnections()) === 2, 15_000, 'the two slots to be held, and nothing more');
+      await engine.configureQueue('raised', 40);
+      // every loop of every process (3 × 40) connected at once before, to look for one of 38 new slots
+      let peak = 0;
+      await waitFor(async () => {
+        const now = await slotConnections();
+        peak = Math.max(peak, now);
+        return now === 40;
+      }, 30_000, 'every new slot to be taken');
+      assert.ok(peak <= 40 + processes.length * 4, `${peak} connections for 40 slots at the raise (at most 4 a process beyond them)`);
+      // 3 × 40 loops for 40 slots: the 80 without one look now and then, one look for all of a process's
+      const sessions = async () => Number((await sql.query('select sessions from pg_stat_database where datname = current_database()')).rows[0].sessions);
+      const before = await sessions();
+      await sleep(10_000);
+      const opened = (await sessions()) - before;
+      assert.ok(opened <= 20, `${opened} sessions opened in 10 s while every slot was held (80 loops waiting)`);
+    } finally {
+      await Promise.all(activators.map((a) => a.close()));
+    }
+  });
+
   it("share a queue's concurrency limit: never exceeded, and reached", async () => {
     await engine.configureQueue('pair', 4);
     const workers = [cli('worker'), cli('worker')];

@@ -42,6 +42,13 @@ const PURGE_BUDGET_MS = 2000;
  * many processes do not connect at one instant.
  */
 const PROBE_MS = 5000;
+/**
+ * Loops of one queue in one process that may be connected at once while they look for a slot.
+ * A raised limit then costs the database at most this many connections a process beyond the
+ * slots themselves (every loop connecting at once, 4 processes raised to 100 opened 400 sessions
+ * past max_connections, and an invoke failed for want of one).
+ */
+const PROBES = 4;
 /** Tries at recording a non-transactional call's end (asyncproc.conclude) that a cancel's signals cut. */
 const CONCLUDE_TRIES = 10;
 /** Claims between two vacuums of the ready table. */
@@ -108,6 +115,12 @@ class QueueWorkers {
   readonly doorbell = new Doorbell();
   /** Rung when a slot of the queue may have come free here (more concurrency, or stopping). */
   readonly vacancy = new Doorbell();
+  /** Rung when a loop's look for a slot ends (see takeProbe). */
+  private readonly turns = new Doorbell();
+  /** Loops connected to look for a slot, holding none yet. */
+  private probing = 0;
+  /** When a look last found every slot held elsewhere (0: a slot may be free here since). */
+  private lastFullAt = 0;
   private readonly slots = new Map<number, Promise<void>>();
   /** The connections of this queue's loops (each running a call while its executionId is set). */
   readonly clients = new Set<SlotClient>();
@@ -131,7 +144,36 @@ class QueueWorkers {
   /** Every loop of the queue looks again now: those with a slot for work, those without for a slot. */
   wakeAll(): void {
     this.doorbell.ring(true);
+    this.vacant();
+  }
+  /** A slot may have come free here (more concurrency, a surplus loop ended, stopping): the loops without one look now. */
+  private vacant(): void {
+    this.lastFullAt = 0;
     this.vacancy.ring(true);
+    this.turns.ring(true);
+  }
+
+  /**
+   * Whether a loop that holds no slot may connect now to look for one: PROBES loops of the queue
+   * at a time (waiting for a turn), and none for PROBE_MS after a look found every slot held
+   * elsewhere, unless one may have come free here since (vacant). Then one look every PROBE_MS or
+   * so stands for all the waiting loops of the process, instead of one session each.
+   */
+  private async takeProbe(index: number): Promise<boolean> {
+    for (;;) {
+      if (this.activator.stopping || index >= this.concurrency || Date.now() - this.lastFullAt < PROBE_MS) return false;
+      if (this.probing < PROBES) {
+        this.probing++;
+        return true;
+      }
+      await this.turns.wait(PROBE_MS);
+    }
+  }
+  /** A look for a slot ended; `full`: it found every slot held elsewhere. */
+  private endProbe(full: boolean): void {
+    this.probing--;
+    if (full) this.lastFullAt = Date.now();
+    this.turns.ring(true);
   }
   done(): Promise<void> {
     return Promise.all(this.slots.values()).then(() => undefined);
@@ -142,9 +184,16 @@ class QueueWorkers {
     const worker = `${options.workerId}/${this.name}#${index}`;
     let client: SlotClient | null = null;
     let backoff = 100;
+    /** This loop is connected (or connecting) to look for a slot: one of the queue's PROBES. */
+    let probing = false;
     while (!this.activator.stopping && index < this.concurrency) {
       try {
         if (!client) {
+          if (!(await this.takeProbe(index))) {
+            await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
+            continue;
+          }
+          probing = true;
           client = await this.activator.connect(`asyncproc worker ${worker}`);
           this.clients.add(client);
           client.loop = index;
@@ -157,8 +206,14 @@ class QueueWorkers {
           // rings are meant for loops that can claim
           await this.drop(client);
           client = null;
+          probing = false;
+          this.endProbe(true);
           await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
           continue;
+        }
+        if (probing) {
+          probing = false;
+          this.endProbe(false);
         }
         await this.work(client, worker);
         await this.doorbell.wait(this.activator.tickMs);
@@ -168,13 +223,18 @@ class QueueWorkers {
         options.onError?.(err);
         if (client) await this.drop(client);
         client = null;
+        if (probing) {
+          probing = false;
+          this.endProbe(false);
+        }
         await sleep(backoff);
         backoff = Math.min(backoff * 2, 5000);
       }
     }
     if (client) await this.drop(client);
+    if (probing) this.endProbe(false);
     // a surplus loop's slot is free now: a loop of this process waiting for one need not wait for its next probe
-    this.vacancy.ring(true);
+    this.vacant();
   }
 
   /** A loop's connection closed, and no longer one of this queue's (handBack looks among them). */
