@@ -359,6 +359,42 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule('on-day');
   });
 
+  it("a zone the database's and the service's time-zone data disagree on is refused (BAD_USER_INPUT, nothing stored); one they agree on is taken", async () => {
+    // the service plans the instants with Node's data, the database reads 'today' with its own:
+    // every zone the two give different offsets right now (the embedded PostgreSQL and Node 20
+    // disagree on America/Vancouver)
+    const offsetHere = (zone: string) => {
+      const name = new Intl.DateTimeFormat('en-US', { timeZone: zone, timeZoneName: 'longOffset' }).formatToParts(new Date()).find((p) => p.type === 'timeZoneName')!.value;
+      const m = /^GMT(?:([+-])(\d{2}):(\d{2}))?$/.exec(name)!;
+      return m[1] ? (m[1] === '-' ? -1 : 1) * (Number(m[2]) * 3600 + Number(m[3]) * 60) : 0;
+    };
+    const { rows } = await sql.query<{ name: string; offset: number }>(
+      `select name, extract(epoch from utc_offset)::integer as offset from pg_timezone_names where name ~ '^[A-Z][a-z]+/' order by name`,
+    );
+    const disagreed = rows.filter((r) => {
+      try {
+        return offsetHere(r.name) !== r.offset;
+      } catch {
+        return false; // a name Node does not know: refused as unknown, as before
+      }
+    });
+    for (const { name } of disagreed) {
+      await assert.rejects(
+        engine.createSchedule({ name: 'zone-check', procedure: 'demo.add', arguments: { a: 1, b: 2 }, cron: '0 8 * * *', timezone: name }),
+        (e: EngineError) => e.code === 'BAD_USER_INPUT' && e.message.includes(`disagree on the time zone "${name}"`),
+        name,
+      );
+    }
+    assert.equal((await engine.getSchedule('zone-check')), null, 'nothing stored');
+    const agreed = await engine.createSchedule({ name: 'zone-check', procedure: 'demo.add', arguments: { a: 1, b: 2 }, cron: '0 8 * * *', timezone: 'Europe/Berlin' });
+    if (disagreed.length) {
+      await assert.rejects(engine.updateSchedule('zone-check', { timezone: disagreed[0].name }), (e: EngineError) => e.code === 'BAD_USER_INPUT');
+      assert.equal((await engine.getSchedule('zone-check'))!.timezone, 'Europe/Berlin', 'the update changed nothing');
+    }
+    await engine.deleteSchedule(agreed.name);
+    assert.ok(disagreed.some((r) => r.name === 'America/Vancouver') || !disagreed.length, `disagreed on: ${disagreed.map((r) => r.name).join(', ')}`);
+  });
+
   it('an update to a cron that has the due instant too keeps it (it fires); to one that has not, moves past now', async () => {
     const name = 'recron-when-due';
     await engine.createSchedule({ name, procedure: 'demo.record', arguments: { tag: name }, cron: '*/2 * * * * *' });

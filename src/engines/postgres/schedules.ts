@@ -57,11 +57,59 @@ async function dryRun(client: pg.ClientBase, s: CompleteInput): Promise<void> {
   }
 }
 
+/** How far ahead the service's and the database's rules of a schedule's time zone must agree. */
+const ZONE_HORIZON_DAYS = 731;
+
+/**
+ * BAD_USER_INPUT unless the database knows `timezone` and gives it the UTC offsets the service
+ * does, every 6 hours over the next two years. The service plans a schedule's instants with its
+ * own time-zone data (croner, through Node's ICU), and the database reads the relative dates of
+ * the arguments ('today', 'tomorrow 08:00') in the zone with its own; where the two disagree (a
+ * zone whose rules changed, known to one side's data only), a call fired at 08:30 by the one
+ * would be given the date of 09:30 by the other, one day past midnight, without a word.
+ */
+async function checkZoneAgrees(client: pg.ClientBase, timezone: string): Promise<void> {
+  const from = new Date(Math.floor(Date.now() / 3_600_000) * 3_600_000);
+  let rows: { at: string; offset: number }[];
+  await client.query('savepoint zone_check');
+  try {
+    ({ rows } = await client.query<{ at: string; offset: number }>(
+      `select (extract(epoch from t) * 1000)::bigint::text as at,
+              extract(epoch from (t at time zone $1) - (t at time zone 'UTC'))::integer as offset
+         from generate_series($2::timestamptz, $2::timestamptz + $3 * interval '1 day', interval '6 hours') t`,
+      [timezone, from, ZONE_HORIZON_DAYS],
+    ));
+    await client.query('release savepoint zone_check');
+  } catch (error) {
+    await client.query('rollback to savepoint zone_check');
+    // 22023: time zone "…" not recognized
+    if ((error as { code?: string }).code === '22023') throw new EngineError('BAD_USER_INPUT', `the database does not know the time zone "${timezone}"`);
+    throw error;
+  }
+  const format = new Intl.DateTimeFormat('en-US', { timeZone: timezone, timeZoneName: 'longOffset' });
+  for (const row of rows) {
+    const at = new Date(Number(row.at));
+    const name = format.formatToParts(at).find((part) => part.type === 'timeZoneName')?.value ?? '';
+    const [, sign, hours, minutes] = /^GMT(?:([+-])(\d{2}):(\d{2}))?$/.exec(name) ?? [];
+    const offset = sign ? (sign === '-' ? -1 : 1) * (Number(hours) * 3600 + Number(minutes) * 60) : 0;
+    if (offset !== row.offset) {
+      const hhmm = (seconds: number) =>
+        `${seconds < 0 ? '-' : '+'}${String(Math.floor(Math.abs(seconds) / 3600)).padStart(2, '0')}:${String((Math.abs(seconds) % 3600) / 60).padStart(2, '0')}`;
+      throw new EngineError(
+        'BAD_USER_INPUT',
+        `the database and the service disagree on the time zone "${timezone}": at ${at.toISOString()} it is UTC${hhmm(row.offset)} to the ` +
+          `database and UTC${hhmm(offset)} to the service (one of them has older time-zone data); update that one, or name a zone both agree on`,
+      );
+    }
+  }
+}
+
 export async function createSchedule(pool: pg.Pool, input: ScheduleInput): Promise<Schedule> {
   checkScheduleName(input.name);
   const s = complete(input);
   checkCron(s.cron, s.timezone);
   return inTransaction(pool, async (client) => {
+    await checkZoneAgrees(client, s.timezone);
     await dryRun(client, s);
     const { rows } = await client
       .query<ScheduleRow>(
@@ -92,6 +140,7 @@ export function updateSchedule(pool: pg.Pool, name: string, change: ScheduleChan
   return inTransaction(pool, async (client) => {
     const row = await locked(client, name);
     const s = changedSchedule(toSchedule(row), change);
+    await checkZoneAgrees(client, s.timezone);
     await dryRun(client, s);
     const now = new Date();
     const { rows } = await client.query<ScheduleRow>(
