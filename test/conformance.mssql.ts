@@ -4,9 +4,12 @@
  *   MSSQL_URL='mssql://sa:…@localhost:1433/asyncproc?trustServerCertificate=true' \
  *     node --import tsx --test test/conformance.mssql.ts
  */
+import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
 import { createMssqlEngine } from '../src/engines/mssql/index.js';
+import { ConnectionPool } from '../src/engines/mssql/pool.js';
+import { parseMssqlUrl } from '../src/engines/mssql/url.js';
 import { runConformance } from './conformance.js';
 
 const url = process.env.MSSQL_URL;
@@ -35,6 +38,24 @@ if (url) {
       second: () => createMssqlEngine({ url, allowKill: true }),
       close: () => engine.close(),
     };
+  });
+
+  describe('mssql pools', () => {
+    it('a request cut by its requestTimeout inside a transaction (XACT_ABORT OFF) leaves nothing open for the next request', async () => {
+      let closed = 0;
+      // one connection: the next request would get the same one back
+      const pool = new ConnectionPool({ ...parseMssqlUrl(url).config, requestTimeout: 1000, pool: { min: 0, max: 1 } }, () => closed++);
+      await pool.connect();
+      try {
+        const cut = pool.request().batch("SET XACT_ABORT OFF; BEGIN TRANSACTION; WAITFOR DELAY '00:00:05';");
+        await assert.rejects(cut, (error: { code?: string }) => error.code === 'ETIMEOUT');
+        const { recordset } = await pool.request().query<{ open: number }>('SELECT @@TRANCOUNT AS [open]');
+        assert.equal(recordset[0].open, 0, 'no transaction open on the connection handed out next');
+        assert.equal(closed, 1, 'the connection left with the open transaction was closed');
+      } finally {
+        await pool.close();
+      }
+    });
   });
 } else {
   describe('conformance: mssql', () => {

@@ -6,11 +6,13 @@
  */
 import assert from 'node:assert/strict';
 import { readFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
 import { EngineError } from '../src/engine.js';
 import { MSSQL_SQL_DIR, readProcedureFiles } from '../src/engines/mssql/migrator.js';
+import { ConnectionPool } from '../src/engines/mssql/pool.js';
 import { checkRegisterOptions, listProcedures, registerProcedure } from '../src/engines/mssql/procedures.js';
 
 const file = (name: string) => readFile(path.join(MSSQL_SQL_DIR, name), 'utf8');
@@ -290,5 +292,24 @@ describe('mssql run: invoke inside a distributed transaction (item 10 of the iss
       /IF @trancount = 0\s+BEGIN TRANSACTION;\s+ELSE IF @@OPTIONS & 16384 = 0\s+BEGIN\s+BEGIN TRY\s+SAVE TRANSACTION usp_AsyncExecInvoke;\s+SET @saved = 1;\s+END TRY\s+BEGIN CATCH\s+IF ERROR_NUMBER\(\) <> 627 OR XACT_STATE\(\) <> 1\s+BEGIN\s+THROW;\s+END;\s+END CATCH;\s+END;/,
     );
     assert.match(invoke, /ELSE IF XACT_STATE\(\) = 1 AND @trancount > 0 AND @saved = 1\s+ROLLBACK TRANSACTION usp_AsyncExecInvoke;/);
+  });
+});
+
+describe('mssql pools: no connection is handed out again with a transaction left open', () => {
+  it("mssql checks each connection it hands out through the pool's _poolValidate, which the engine's pools replace with a check of @@TRANCOUNT", async () => {
+    // a request cut by its requestTimeout inside a procedure run with XACT_ABORT OFF leaves its
+    // transaction open (src/engines/mssql/pool.ts); the conformance suite runs it (MSSQL_URL)
+    const base = await readFile(createRequire(import.meta.url).resolve('mssql').replace(/index\.js$/, 'lib/base/connection-pool.js'), 'utf8');
+    assert.match(base, /validate: this\._poolValidate\.bind\(this\)/, "mssql's pool of connections validates through _poolValidate");
+    assert.equal(Object.getPrototypeOf(ConnectionPool.prototype), sql.ConnectionPool.prototype);
+    assert.ok(Object.hasOwn(ConnectionPool.prototype, '_poolValidate'));
+    assert.match(await readFile(new URL('../src/engines/mssql/pool.ts', import.meta.url), 'utf8'), /new tedious\.Request\('SELECT @@TRANCOUNT;'/);
+    // every pool of the engine but the migrator's (no requestTimeout: nothing is cut) is one
+    for (const name of ['index.ts', 'listener.ts']) {
+      const source = await readFile(new URL(`../src/engines/mssql/${name}`, import.meta.url), 'utf8');
+      assert.doesNotMatch(source, /new sql\.ConnectionPool\(/, name);
+      assert.match(source, /new ConnectionPool\(/, name);
+    }
+    assert.match(await readFile(new URL('../src/engines/mssql/migrator.ts', import.meta.url), 'utf8'), /new sql\.ConnectionPool\(\{ \.\.\.config, requestTimeout: 0,/);
   });
 });

@@ -53,6 +53,7 @@ import {
 } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
+import { ConnectionPool } from './pool.js';
 import {
   createSchedule,
   deleteSchedule,
@@ -117,7 +118,9 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     const poolConfig = { max: options.poolSize ?? 10, ...config.pool };
     // the kill holds the call's row on one connection while another one runs KILL
     if (this.allowKill && (poolConfig.max ?? 10) < 2) throw new Error('DATABASE_URL: allowKill=true needs poolMax ≥ 2');
-    this.pool = new sql.ConnectionPool({ ...config, pool: poolConfig });
+    this.pool = new ConnectionPool({ ...config, pool: poolConfig }, () =>
+      this.logger.warn('a pooled connection had a transaction left open (a request cut by its requestTimeout): closed, which rolls it back'),
+    );
     this.pool.on('error', (error: unknown) => this.logger.warn({ err: error }, 'query pool connection failed'));
   }
 

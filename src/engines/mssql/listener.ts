@@ -3,6 +3,7 @@ import { hostname } from 'node:os';
 import sql from 'mssql';
 import { toError, type Closeable, type ListenerSink } from '../../engine.js';
 import type { Logger } from '../../logger.js';
+import { ConnectionPool } from './pool.js';
 
 export interface MssqlListenerOptions {
   config: sql.config;
@@ -507,7 +508,7 @@ class ConnectionLoop {
   }
 
   private async connect(): Promise<sql.ConnectionPool> {
-    const pool = new sql.ConnectionPool({ ...this.config, requestTimeout: this.requestTimeout, pool: { min: 0, max: 1 } });
+    const pool = new ConnectionPool({ ...this.config, requestTimeout: this.requestTimeout, pool: { min: 0, max: 1 } });
     pool.on('error', (error: unknown) => this.logger.warn({ err: error }, `${this.name} connection failed`));
     await pool.connect();
     this.pool = pool;
