@@ -40,6 +40,26 @@ if (url) {
     };
   });
 
+  describe('mssql queues', () => {
+    it('configureQueue in another letter case on a case-insensitive database changes that queue and makes no second service', async () => {
+      const engine = await createMssqlEngine({ url });
+      try {
+        const { recordset } = await engine.pool.request().query<{ ci: number }>(
+          `SELECT CASE WHEN N'a' = N'A' THEN 1 ELSE 0 END AS ci`,
+        );
+        await engine.configureQueue('case_queue', 2);
+        await engine.configureQueue('Case_Queue', 3);
+        const services = await engine.pool
+          .request()
+          .query<{ n: number }>(`SELECT COUNT(*) AS n FROM sys.services WHERE LOWER(name) = N'asyncexec/service/case_queue'`);
+        // a case-sensitive database has two queues, each with its service
+        assert.equal(services.recordset[0].n, recordset[0].ci === 1 ? 1 : 2);
+      } finally {
+        await engine.close();
+      }
+    });
+  });
+
   describe('mssql pools', () => {
     it('a request cut by its requestTimeout inside a transaction (XACT_ABORT OFF) leaves nothing open for the next request', async () => {
       let closed = 0;

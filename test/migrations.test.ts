@@ -49,7 +49,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 3, sha256: '70f6a3d2a29f32291f946585cd1aaa34ae506fdb20745488dae8079ebc5c3d10' },
-  'mssql/procedures': { revision: 3, sha256: '690e52e99f8d1b3ca7a1962b91f2f4f4b61abb0d57d098a384162abdb4ddbb57' },
+  'mssql/procedures': { revision: 4, sha256: 'f4d073b5d648879c11ed84d7b5851e52992185aa1363469fd7ae4bf7e544dfa7' },
 };
 
 describe('routines revision', () => {

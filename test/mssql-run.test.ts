@@ -313,3 +313,13 @@ describe('mssql pools: no connection is handed out again with a transaction left
     assert.match(await readFile(new URL('../src/engines/mssql/migrator.ts', import.meta.url), 'utf8'), /new sql\.ConnectionPool\(\{ \.\.\.config, requestTimeout: 0,/);
   });
 });
+
+describe('mssql queues: configureQueue', () => {
+  it('a queue registered already keeps the names it was made with (its service is named case-sensitively), read after the lock and before any is used', async () => {
+    const text = codeOnly(await procedure('usp_AsyncExecCreateQueue'));
+    const lookup = text.search(/SELECT @name = q\.name, @queueObject = q\.queue_object, @service = q\.service_name, @reader = q\.activation_procedure\s+FROM asyncexec\.AsyncExecQueues AS q\s+WHERE q\.name = @name;/);
+    assert.ok(lookup > 0, 'the registered names are read');
+    assert.ok(lookup > text.indexOf('IF @lock < 0'), 'under the configuration lock');
+    assert.ok(lookup < text.indexOf('OBJECT_ID('), 'before the reader, the queue and the service are looked for');
+  });
+});

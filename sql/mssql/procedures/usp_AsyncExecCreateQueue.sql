@@ -48,6 +48,16 @@ BEGIN
         THROW 50020, @message, 1;
     END;
 
+    -- A queue registered already keeps the names it was made with. On a case-insensitive
+    -- database N'Default' is the queue N'default' (the registry's key, OBJECT_ID and the
+    -- reader's name compare under the database's collation), but a service's name is compared
+    -- case-sensitively ("Case-sensitive name of service", sys.services), so names built from
+    -- the spelling asked for would create a second service on the same queue, recorded nowhere.
+    -- A SELECT that assigns and finds no row leaves the variables as they were (a new queue).
+    SELECT @name = q.name, @queueObject = q.queue_object, @service = q.service_name, @reader = q.activation_procedure
+    FROM asyncexec.AsyncExecQueues AS q
+    WHERE q.name = @name;
+
     IF OBJECT_ID(N'asyncexec.' + QUOTENAME(@reader), N'P') IS NULL
     BEGIN
         SET @sql = N'CREATE PROCEDURE asyncexec.' + QUOTENAME(@reader) + N' AS EXEC asyncexec.usp_AsyncExecActivated @queue = N'
