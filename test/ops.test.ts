@@ -290,6 +290,24 @@ describe('log lines of one execution', () => {
     assert.equal(cancelled?.procedure, 'demo.add');
   });
 
+  it("a schedule's call too: its submit is logged with the schedule's name, so its story starts there", async () => {
+    await db.engine.createSchedule({ name: 'logged-every-second', procedure: 'demo.add', arguments: { a: 1, b: 2 }, cron: '* * * * * *' });
+    try {
+      const submitted = await waitFor(
+        async () => logged.find((line) => line.msg === 'execution submitted' && line.schedule === 'logged-every-second'),
+        20_000,
+        "a schedule's submit logged",
+      );
+      assert.equal(submitted.procedure, 'demo.add');
+      assert.equal(submitted.queue, 'default');
+      const [execution] = await db.engine.getExecutions([submitted.token]);
+      assert.equal(execution.schedule, 'logged-every-second', 'the token logged is the call the schedule started');
+      await waitFor(async () => logged.some((line) => line.token === submitted.token && line.msg === 'execution ended'), 20_000, 'its end logged');
+    } finally {
+      await db.engine.deleteSchedule('logged-every-second');
+    }
+  });
+
   it('name a worker pool of its own for each instance, also two instances in one process', async () => {
     const second = await startTestApp(db.url);
     try {

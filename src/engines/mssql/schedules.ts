@@ -26,6 +26,7 @@ import {
   type ScheduleRow,
 } from '../../schedules.js';
 import { errorNumber, mapDatabaseError } from './errors.js';
+import { getExecutionsById } from './executions.js';
 import { enqueue } from './invoke.js';
 import { encodeArguments } from './types.js';
 
@@ -169,12 +170,20 @@ export async function deleteSchedule(pool: sql.ConnectionPool, name: string): Pr
 
 /** Plan every due schedule's fire with croner, then fire each (usp_AsyncExecFireSchedule: its own transaction). Returns the ids of the calls started. */
 export async function fireDueSchedules(pool: sql.ConnectionPool, clock?: () => Date): Promise<string[]> {
+  const { started, failed } = await fireAll(pool, clock);
+  if (failed.length) throw firingFailed(failed);
+  return started;
+}
+
+const firingFailed = (failed: Error[]) => new AggregateError(failed, failed.map((e) => e.message).join('; '));
+
+/** fireDueSchedules' rounds: the ids of the calls started, and the schedules that could not fire. */
+async function fireAll(pool: sql.ConnectionPool, clock?: () => Date): Promise<{ started: string[]; failed: Error[] }> {
   // the database's clock, not this process's (clockOf)
   clock ??= await clockOf(async () => (await pool.request().query<{ now: Date }>('SELECT SYSUTCDATETIME() AS now')).recordset[0].now);
   const failed: Error[] = [];
   const started = await fireRounds((now) => fireRound(pool, now, failed), clock);
-  if (failed.length) throw new AggregateError(failed, failed.map((e) => e.message).join('; '));
-  return started;
+  return { started, failed };
 }
 
 /** One round of fireDueSchedules: the due schedules of one page, each fired in its own transaction. */
@@ -215,7 +224,16 @@ export function startScheduleTicker(pool: sql.ConnectionPool, logger: Logger, pe
   const timer = setInterval(() => {
     running = running.then(async () => {
       if (closed) return;
-      await fireDueSchedules(pool).catch((error) => logger.warn({ err: toError(error) }, 'firing due schedules failed; the next round tries again'));
+      try {
+        const { started, failed } = await fireAll(pool);
+        // as a client's invoke is logged, so `grep <token>` begins with its submit
+        for (const { token, procedure, queue, status, runAt, schedule, submittedBy } of await getExecutionsById(pool, started)) {
+          logger.info({ token, procedure, queue, status, runAt, schedule, by: submittedBy }, 'execution submitted');
+        }
+        if (failed.length) throw firingFailed(failed);
+      } catch (error) {
+        logger.warn({ err: toError(error) }, 'firing due schedules failed; the next round tries again');
+      }
     });
   }, periodMs);
   return {

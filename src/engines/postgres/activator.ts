@@ -773,7 +773,10 @@ export class PostgresActivator implements Closeable {
         );
       }
       await this.pool.query('select asyncproc.release_due()');
-      await fireDueSchedules(this.pool);
+      for (const { token, procedure, queue, status, runAt, schedule, submittedBy } of await fireDueSchedules(this.pool)) {
+        // as a client's invoke is logged, so `grep <token>` begins with its submit
+        this.options.logger.info({ token, procedure, queue, status, runAt, schedule, by: submittedBy }, 'execution submitted');
+      }
       if (!this.dueTimer) this.scheduleDue();
       await this.vacuumReady();
       if (Date.now() - this.lastPurge > 60_000) {
