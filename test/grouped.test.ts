@@ -391,6 +391,96 @@ describe('grouped commits', () => {
   });
 });
 
+describe('grouped commits: a failure no savepoint catches, and what one call leaves to the next', () => {
+  before(async () => {
+    await sql.query(`
+      create procedure grouped.record_then_assert(tag text) language plpgsql as $$
+      begin insert into demo.ledger (tag) values (tag); assert false, 'asserted on purpose: ' || tag; end $$;
+      create table grouped.parent (id integer primary key);
+      create table grouped.child (parent integer references grouped.parent deferrable initially deferred);
+      create procedure grouped.record_orphan(tag text) language plpgsql as $$
+      begin insert into demo.ledger (tag) values (tag); insert into grouped.child values (-1); end $$;
+      create table grouped.hot (id integer primary key, n integer not null);
+      insert into grouped.hot values (1, 0), (2, 0);
+      create procedure grouped.bump(row_id integer) language plpgsql as $$
+      begin update grouped.hot set n = n + 1 where id = row_id; perform pg_sleep(0.005); end $$;
+      create schema grouped_elsewhere;
+      create table public.landing (tag text);
+      create table grouped_elsewhere.landing (tag text);
+      create procedure grouped.wander() language plpgsql as $$
+      begin perform set_config('search_path', 'grouped_elsewhere, public', true); end $$;
+      create procedure grouped.land(tag text) language plpgsql as $$
+      begin insert into landing values (tag); end $$;
+      select asyncproc.register('grouped.record_then_assert(text)');
+      select asyncproc.register('grouped.record_orphan(text)');
+      select asyncproc.register('grouped.bump(integer)');
+      select asyncproc.register('grouped.wander()');
+      select asyncproc.register('grouped.land(text)');`);
+    // deadlocks are found sooner (the database of this file only)
+    await sql.query(`alter database ${(await sql.query('select current_database() as d')).rows[0].d} set deadlock_timeout = '100ms'`);
+  });
+
+  for (const [name, procedure, error] of [
+    ['an assert', 'grouped.record_then_assert', /asserted on purpose/],
+    ['a deferred constraint at the commit', 'grouped.record_orphan', /violates foreign key constraint/],
+  ] as const) {
+    it(`${name} fails only its own call, with its own error: the group is given back, and its calls run one at a time`, async () => {
+      const prefix = procedure.replace(/\W/g, '');
+      const calls: Call[] = [
+        ['demo.record', { tag: `${prefix}-1` }],
+        ['demo.record', { tag: `${prefix}-2` }],
+        ['demo.record', { tag: `${prefix}-3` }],
+        [procedure, { tag: `${prefix}-bad` }],
+        ['demo.record', { tag: `${prefix}-5` }],
+      ];
+      const { tokens, activator } = await serve(`g_${prefix}`, 1, 10, 2000, calls);
+      try {
+        const rows = await allEnded(tokens);
+        assert.deepEqual(rows.map((r) => r.status), ['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED', 'FAILED', 'SUCCEEDED']);
+        assert.match(rows[3].error_message!, error);
+        assert.deepEqual(rows.map((r) => r.attempts), [1, 1, 1, 1, 1], 'no call was charged an attempt for another');
+        for (const [i, [, args]] of calls.entries()) assert.equal(await ledger(args.tag as string), i === 3 ? 0 : 1, `${args.tag}`);
+      } finally {
+        await activator.close();
+      }
+    });
+  }
+
+  it('two groups that deadlock on rows their calls update in turn: no call fails for it, and each runs once', async () => {
+    const n = 120;
+    // each call updates one of two rows, and alone never waits long; a group holds the rows of all its
+    // calls to its commit, so two groups that took one row each wait for the other's
+    const calls: Call[] = Array.from({ length: n }, (_, i): Call => ['grouped.bump', { row_id: 1 + (i % 2) }]);
+    await engine.configureQueue('g_hot', 2, { size: 20, maxMs: 1000 });
+    const tokens = await submit('g_hot', calls);
+    const activator = await engine.startActivator({ workerId: 'grouped-g_hot', queues: ['g_hot'] });
+    try {
+      const rows = await allEnded(tokens, 120_000);
+      const failed = rows.filter((r) => r.status !== 'SUCCEEDED');
+      assert.deepEqual(failed.map((r) => r.error_message), [], 'no call failed');
+      assert.deepEqual((await sql.query('select n from grouped.hot order by id')).rows.map((r) => r.n), [n / 2, n / 2], 'each call once');
+    } finally {
+      await activator.close();
+    }
+  });
+
+  it("a call that changes the search path for the rest of the transaction ends its group: the next call runs with the queue's own", async () => {
+    const { tokens, activator } = await serve('g_path', 1, 10, 2000, [
+      ['grouped.wander', {}],
+      ['grouped.land', { tag: 'landed' }],
+    ]);
+    try {
+      const rows = await allEnded(tokens);
+      assert.deepEqual(rows.map((r) => r.status), ['SUCCEEDED', 'SUCCEEDED']);
+      assert.equal(new Set(rows.map((r) => r.xid)).size, 2, 'not in one transaction');
+      assert.deepEqual((await sql.query(`select tag from public.landing`)).rows, [{ tag: 'landed' }]);
+      assert.deepEqual((await sql.query(`select tag from grouped_elsewhere.landing`)).rows, []);
+    } finally {
+      await activator.close();
+    }
+  });
+});
+
 describe('groupCommits over GraphQL', () => {
   let t: TestApp;
   before(async () => {

@@ -46,13 +46,25 @@ declare
   claimed   record;
   past      bigint := execution_id;   -- takes start past the group's last call (see claim())
   ended     record;
+  group_user name := current_user;
+  group_path text := current_setting('search_path');
 begin
+  -- for run_call(): the first call too runs in a group (its deadlock is the group's)
+  perform set_config('asyncproc.grouped', 'on', true);
   ended := asyncproc.run(execution_id, worker, null, row_cap);
   if ended.done_seq is not null then
     return query select execution_id, ended.done_seq, ended.done_status, null::uuid, null::text, null::integer, null::boolean;
   end if;
   loop
     exit when next_queue is null;
+    -- a call that changed the role or the search path with SET LOCAL changed it for the rest of
+    -- the transaction, which the group's later calls share: the group ends with it (the next call
+    -- runs in a transaction of its own, as a call on a queue without grouped commits does)
+    if current_user is distinct from group_user or current_setting('search_path') is distinct from group_path then
+      -- no next call is claimed here: a loop of the queue is woken for it (at the commit)
+      perform pg_notify('asyncproc_wake', next_queue);
+      exit;
+    end if;
     -- the next ready call past the last one, as claim() takes it (a cancel of it then waits for
     -- the group's commit and finds the call ended)
     taken := asyncproc.take_ready(next_queue, past);

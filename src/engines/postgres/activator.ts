@@ -69,6 +69,8 @@ type SlotClient = ProgressSource & {
   signalable?: boolean;
   /** The stop's cancel of that statement (handBack), until pg_cancel_backend has answered; no statement is sent before it has. */
   handingBack?: Promise<void>;
+  /** Calls this loop still runs one at a time, not grouped, after a group of its failed together (runGroup). */
+  alone?: number;
 };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
@@ -302,9 +304,9 @@ class QueueWorkers {
       client.token = next.token;
       next = !next.transactional
         ? await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call)
-        : this.grouping.size > 1 && next.timeoutMs === 0
+        : this.grouping.size > 1 && next.timeoutMs === 0 && !client.alone
           ? await this.runGroup(client, worker, next.id, call)
-          : await this.runInTransaction(client, worker, next.id, next.timeoutMs, call);
+          : await this.runAlone(client, worker, next.id, next.timeoutMs, call);
     }
     client.executionId = null;
   }
@@ -334,6 +336,12 @@ class QueueWorkers {
    * When a subscriber of this process awaits its end, run() also returns the row it left, which
    * goes to that subscriber with the change: it hears the end without a read of the feed.
    */
+  /** A transactional call in a transaction of its own (counted down, after a group of this loop failed together). */
+  private runAlone(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
+    if (client.alone) client.alone--;
+    return this.runInTransaction(client, worker, current, timeoutMs, call);
+  }
+
   private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     const started = Date.now();
     try {
@@ -355,7 +363,7 @@ class QueueWorkers {
    * A grouped commit: asyncproc.run_group() runs this call and more of the queue in one
    * transaction; after its commit, each call it ended is logged and notified here. A cancel or
    * an error that escapes the calls' own capture rolls the whole group back: only this call was
-   * committed RUNNING, so only this one is abandoned (the others are PENDING again).
+   * committed RUNNING, so only this one is abandoned or given back (the others are PENDING again).
    */
   private async runGroup(client: SlotClient, worker: string, current: string, call: CallLog): Promise<Claimed> {
     const started = Date.now();
@@ -369,7 +377,24 @@ class QueueWorkers {
         }))
       ).rows;
     } catch (error) {
-      return this.abandon(client, current, error, 0, started, call);
+      if (isConnectionError(error) || client.handingBack !== undefined) return this.abandon(client, current, error, 0, started, call);
+      // An error no call's savepoint caught (an assert, a cancel a call raised itself, a deadlock
+      // between groups, a deferred constraint at the commit) rolled the whole group back, and
+      // which of its calls failed is not known. Recorded as this call's, it failed the calls that
+      // did nothing wrong, one after another as each came first. So this call is given back
+      // (PENDING, not an attempt; CANCELLED if a cancel was asked for it), the others
+      // are PENDING again (never committed), and this loop runs as many calls as a group may hold
+      // one at a time: the failing call then fails alone, with its own error. A cancel signal
+      // without a request (57014) counts as any interruption of a call (one of five).
+      const err = error as pg.DatabaseError;
+      const ended = await this.abandonCall(client, current, err.code ?? null, err.message, false, err.code !== '57014');
+      const { logger } = this.activator.options;
+      if (ended.done_status === 'CANCELLED') logger.info({ ...call, code: err.code, error: err.message }, 'execution stopped (cancelled or timed out)');
+      else {
+        client.alone = this.grouping.size;
+        logger.warn({ ...call, code: err.code, error: err.message }, 'a group of calls failed together; given back, they run one at a time');
+      }
+      return this.ended(current, ended, call);
     }
     const { logger } = this.activator.options;
     let next: EndedRow = { done_seq: null, done_status: null, next_id: null };
