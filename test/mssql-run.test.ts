@@ -303,7 +303,12 @@ describe('mssql pools: no connection is handed out again with a transaction left
     assert.match(base, /validate: this\._poolValidate\.bind\(this\)/, "mssql's pool of connections validates through _poolValidate");
     assert.equal(Object.getPrototypeOf(ConnectionPool.prototype), sql.ConnectionPool.prototype);
     assert.ok(Object.hasOwn(ConnectionPool.prototype, '_poolValidate'));
-    assert.match(await readFile(new URL('../src/engines/mssql/pool.ts', import.meta.url), 'utf8'), /new tedious\.Request\('SELECT @@TRANCOUNT;'/);
+    assert.match(await readFile(new URL('../src/engines/mssql/pool.ts', import.meta.url), 'utf8'), /new tedious\.Request\('SELECT @@TRANCOUNT AS open_transactions;'/);
+    // and at once when a request gives back a connection whose transaction tedious heard begin and never end
+    assert.ok(Object.hasOwn(ConnectionPool.prototype, 'release'));
+    assert.match(base, /^  release \(connection\) \{/m, "mssql's pool has the release its requests call");
+    const requests = await readFile(createRequire(import.meta.url).resolve('mssql').replace(/index\.js$/, 'lib/tedious/request.js'), 'utf8');
+    assert.match(requests, /this\.parent\.release\(connection\)/, 'a request gives its connection back through its parent, the pool');
     // every pool of the engine but the migrator's (no requestTimeout: nothing is cut) is one
     for (const name of ['index.ts', 'listener.ts']) {
       const source = await readFile(new URL(`../src/engines/mssql/${name}`, import.meta.url), 'utf8');

@@ -508,7 +508,9 @@ class ConnectionLoop {
   }
 
   private async connect(): Promise<sql.ConnectionPool> {
-    const pool = new ConnectionPool({ ...this.config, requestTimeout: this.requestTimeout, pool: { min: 0, max: 1 } });
+    const pool = new ConnectionPool({ ...this.config, requestTimeout: this.requestTimeout, pool: { min: 0, max: 1 } }, () =>
+      this.logger.warn(`${this.name}: its connection had a transaction left open (a batch cut by its requestTimeout): closed, which rolls it back`),
+    );
     pool.on('error', (error: unknown) => this.logger.warn({ err: error }, `${this.name} connection failed`));
     await pool.connect();
     this.pool = pool;
