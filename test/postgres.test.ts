@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import pg from 'pg';
+import { EngineError } from '../src/engine.js';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
@@ -739,6 +740,76 @@ describe('the SQL interface for backend services', () => {
     }
     await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '{"a": "1; drop table demo.ledger", "b": 1}')`), (e: any) => e.code === 'AP002');
     await assert.rejects(sql.query(`select asyncproc.invoke('demo.add', '[1, 2]')`), (e: any) => e.code === 'AP002');
+  });
+});
+
+describe("invoke(tx, call) on the caller's own transaction (the library)", () => {
+  const ledger = async (tag: string) => Number((await sql.query('select count(*) from demo.ledger where tag = $1', [tag])).rows[0].count);
+
+  it("a refused call throws its EngineError and leaves the caller's transaction going: the caller's other writes and calls commit", async () => {
+    const { token, refusals } = await engine.withTransaction(async (tx) => {
+      await tx.query(`insert into demo.ledger (tag) values ('library-own-write')`);
+      const { token } = await engine.invoke(tx, { procedure: 'demo.add', arguments: { a: 1, b: 2 } });
+      const refusals: string[] = [];
+      for (const call of [
+        { procedure: 'demo.add', arguments: { a: 'not a number', b: 2 } },
+        { procedure: 'pgtest.unregistered', arguments: {} },
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 }, queue: 'no_such_queue' },
+        { procedure: 'demo.add', arguments: { a: 1, b: 2 }, maxAttempts: 0 },
+      ]) {
+        await engine.invoke(tx, call).then(
+          () => assert.fail(`accepted: ${JSON.stringify(call)}`),
+          (error: EngineError) => refusals.push(error instanceof EngineError ? error.code : `not an EngineError: ${error}`),
+        );
+      }
+      return { token, refusals };
+    });
+    assert.deepEqual(refusals, ['INVALID_ARGUMENTS', 'UNKNOWN_PROCEDURE', 'UNKNOWN_QUEUE', 'INVALID_ARGUMENTS']);
+    assert.equal(await ledger('library-own-write'), 1, "the caller's own write committed");
+    assert.ok(await engine.getExecution(token), 'the accepted call committed');
+  });
+
+  it('what the database cannot take is refused before anything is sent (BAD_USER_INPUT or INVALID_ARGUMENTS), and the transaction goes on', async () => {
+    const codes = await engine.withTransaction(async (tx) => {
+      const codes: string[] = [];
+      const base = { procedure: 'demo.add', arguments: { a: 1, b: 2 } };
+      for (const call of [
+        { ...base, runAt: 'not a date' },
+        { ...base, runAt: new Date(NaN) },
+        { ...base, maxAttempts: 1.5 },
+        { ...base, procedure: 'demo.add\u0000' },
+        { ...base, submittedBy: 'x'.repeat(1_000_001) },
+        { ...base, callerRoles: 'admin' },
+        { ...base, arguments: { a: 1n, b: 2 } },
+        { ...base, arguments: { a: 1, b: 2, note: 'half a pair \ud800' } },
+        { ...base, arguments: { a: 1, b: 2, note: 'nul \u0000' } },
+        null,
+      ]) {
+        await engine.invoke(tx, call as never).then(
+          () => codes.push('accepted'),
+          (error: EngineError) => codes.push(error instanceof EngineError ? error.code : `not an EngineError: ${error}`),
+        );
+      }
+      // still usable: a good call goes in
+      await engine.invoke(tx, { ...base, runAt: new Date(Date.now() + 3_600_000).toISOString() as never });
+      return codes;
+    });
+    assert.deepEqual(codes, [
+      'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT',
+      'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'BAD_USER_INPUT',
+    ]);
+  });
+
+  it('withTransaction throws when PostgreSQL rolled the transaction back instead of committing it (a failed statement whose error was caught)', async () => {
+    let token = '';
+    await assert.rejects(
+      engine.withTransaction(async (tx) => {
+        ({ token } = await engine.invoke(tx, { procedure: 'demo.add', arguments: { a: 1, b: 2 } }));
+        await tx.query('select 1 / 0').catch(() => undefined);
+      }),
+      /rolled back, not committed/,
+    );
+    assert.equal(await engine.getExecution(token), null, 'nothing committed');
   });
 });
 

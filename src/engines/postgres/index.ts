@@ -127,7 +127,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     try {
       await client.query('begin');
       const result = await fn(client);
-      await client.query('commit');
+      // a transaction a statement failed in (its error caught by `fn`) cannot commit: PostgreSQL
+      // answers COMMIT with ROLLBACK, and no error
+      const { command } = await client.query('commit');
+      if (command !== 'COMMIT') throw new Error('the transaction was rolled back, not committed: a statement in it had failed, and its error was caught');
       this.announce(submitted);
       return result;
     } catch (error) {

@@ -6,27 +6,92 @@ import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
 /** Arguments are a JSON object keyed by parameter name (the database checks the rest). */
 export function checkArguments(call: InvokeCall): void {
+  if (call === null || typeof call !== 'object') throw new EngineError('BAD_USER_INPUT', 'a call must be an object: { procedure, arguments, … }');
   if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
     throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
   }
 }
 
+/** Longest `submittedBy` kept (an index holds it: past about 2,700 bytes PostgreSQL refuses the row). */
+const MAX_SUBMITTED_BY = 1000;
+/** A NUL, or half of a surrogate pair: PostgreSQL's text and jsonb hold neither. */
+const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+/** Whether a string anywhere in `value` (a key too) is one PostgreSQL cannot store. */
+function unstorable(value: unknown): boolean {
+  if (typeof value === 'string') return UNSTORABLE.test(value);
+  if (value === null || typeof value !== 'object') return false;
+  return Array.isArray(value) ? value.some(unstorable) : Object.entries(value).some(([key, item]) => UNSTORABLE.test(key) || unstorable(item));
+}
+
+/**
+ * What the database would refuse only by failing the statement, checked before anything is sent
+ * (`invoke(tx, call)` runs on the caller's transaction: a statement that fails aborts it):
+ * fields of the wrong type, a runAt that is no instant, a maxAttempts that is no integer, text
+ * PostgreSQL cannot store, arguments that are not JSON. BAD_USER_INPUT or INVALID_ARGUMENTS.
+ * Returns the call with runAt as a Date (an ISO string is taken too).
+ */
+export function checkCall(call: InvokeCall): InvokeCall {
+  checkArguments(call);
+  const bad = (message: string) => new EngineError('BAD_USER_INPUT', message);
+  const text = (name: string, value: unknown, optional: boolean) => {
+    if (value === undefined || value === null) {
+      if (optional) return;
+      throw bad(`${name} must be a string`);
+    }
+    if (typeof value !== 'string') throw bad(`${name} must be a string, not ${typeof value}`);
+    if (UNSTORABLE.test(value)) throw bad(`${name} holds a NUL or half of a surrogate pair, which PostgreSQL cannot store`);
+  };
+  text('procedure', call.procedure, false);
+  text('queue', call.queue, true);
+  text('submittedBy', call.submittedBy, true);
+  if (typeof call.submittedBy === 'string' && call.submittedBy.length > MAX_SUBMITTED_BY) throw bad(`submittedBy is longer than ${MAX_SUBMITTED_BY} characters`);
+  let runAt = call.runAt ?? null;
+  if (typeof runAt === 'string') runAt = new Date(runAt);
+  if (runAt !== null && !(runAt instanceof Date && Number.isFinite(runAt.getTime()))) throw bad('runAt must be a Date (or an ISO 8601 string)');
+  const attempts = call.maxAttempts ?? null;
+  if (attempts !== null && !(Number.isInteger(attempts) && Math.abs(attempts) <= 2 ** 31 - 1)) throw bad('maxAttempts must be a whole number');
+  const roles = call.callerRoles ?? null;
+  if (roles !== null && !(Array.isArray(roles) && roles.every((role) => typeof role === 'string'))) throw bad('callerRoles must be an array of strings');
+  try {
+    JSON.stringify(call.arguments);
+  } catch (error) {
+    throw new EngineError('INVALID_ARGUMENTS', `arguments must be JSON: ${(error as Error).message}`, { cause: error });
+  }
+  if (unstorable(call.arguments)) {
+    throw new EngineError('INVALID_ARGUMENTS', 'arguments hold a NUL or half of a surrogate pair, which PostgreSQL cannot store');
+  }
+  return { ...call, runAt };
+}
+
 /**
  * Enqueue one call on the caller's open transaction (any pg client inside BEGIN).
- * Validation happens in asyncproc.submit itself, so plain SQL callers get the same checks.
+ * Validation happens in asyncproc.submit itself, so plain SQL callers get the same checks; a
+ * refusal is thrown (an EngineError) without failing the caller's transaction, which goes on.
  * `quiet`: the caller sends the notifications after its commit (see notifier.ts);
  * otherwise they are part of the transaction.
  */
 export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false): Promise<Execution> {
-  checkArguments(call);
+  const checked = checkCall(call);
+  let row: ExecutionRow & { refused_code: string | null; refused_message: string | null; refused_hint: string | null };
   try {
     // unnamed: `tx` may be the caller's own client, behind who knows what (a named statement outlives the transaction)
-    const { rows } = await tx.query<ExecutionRow>(SUBMIT_ONE, submitValues(call, quiet));
-    return toExecution(rows[0]);
+    ({ rows: [row] } = await tx.query(SUBMIT_IN_CALLERS_TRANSACTION, submitValues(checked, quiet)));
   } catch (error) {
     throw mapDatabaseError(error);
   }
+  // refused without failing the statement: the caller's transaction goes on (submit_or_refuse.sql)
+  if (row.refused_code !== null) {
+    // class 22: an argument PostgreSQL could not read as its parameter's type
+    if (row.refused_code.startsWith('22')) throw new EngineError('INVALID_ARGUMENTS', row.refused_message ?? 'invalid arguments');
+    throw mapDatabaseError(Object.assign(new Error(row.refused_message ?? 'refused'), { code: row.refused_code, hint: row.refused_hint ?? undefined }));
+  }
+  return toExecution(row);
 }
+
+const SUBMIT_IN_CALLERS_TRANSACTION = `select r.refused_code, r.refused_message, r.refused_hint, ${EXECUTION_COLUMNS}
+  from asyncproc.submit_or_refuse($1, $2::jsonb, $3, $4, $5, $6, $7, $8::text[]) r
+  cross join lateral (select (r.execution).*) e`;
 
 const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[]) e`;
 
