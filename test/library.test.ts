@@ -33,12 +33,18 @@ describe('the package, used from outside the repository', () => {
     await cp(path.join(ROOT, 'package.json'), path.join(installed, 'package.json'));
     for (const entry of pkg.files as string[]) if (entry !== 'dist') await cp(path.join(ROOT, entry), path.join(installed, entry), { recursive: true });
     await run(process.execPath, [TSC, '-p', path.join(ROOT, 'tsconfig.build.json'), '--outDir', path.join(installed, 'dist')], { cwd: ROOT });
-    await symlink(path.join(ROOT, 'node_modules'), path.join(installed, 'node_modules'));
-    await symlink(path.join(ROOT, 'node_modules/@types'), path.join(app, 'node_modules/@types'));
+    // its dependencies, and only those (a type package of the repository's dev set would hide one missing)
+    for (const name of Object.keys(pkg.dependencies)) {
+      await mkdir(path.dirname(path.join(installed, 'node_modules', name)), { recursive: true });
+      await symlink(path.join(ROOT, 'node_modules', name), path.join(installed, 'node_modules', name));
+    }
+    // the app's own @types/node
+    await mkdir(path.join(app, 'node_modules/@types'), { recursive: true });
+    await symlink(path.join(ROOT, 'node_modules/@types/node'), path.join(app, 'node_modules/@types/node'));
     await writeFile(path.join(app, 'package.json'), JSON.stringify({ name: 'billing-service', type: 'module', dependencies: { asyncproc: `file:${ROOT}` } }));
     await writeFile(
       path.join(app, 'tsconfig.json'),
-      JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, types: ['node'], skipLibCheck: true }, files: ['service.ts'] }),
+      JSON.stringify({ compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, types: ['node'], skipLibCheck: false }, files: ['service.ts'] }),
     );
 
     db = await startDemoDatabase();
