@@ -1,6 +1,7 @@
 import { spawn } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
 import pg from 'pg';
+import { ENGINE_TYPES } from './engines/postgres/types.js';
 import { ConfigError } from './config.js';
 import { databaseFailure } from './startupFailure.js';
 
@@ -44,7 +45,8 @@ export async function runSqlFile(url: string, file: string | undefined): Promise
   const text = file && file !== '-' ? await readFile(file, 'utf8').catch((error: NodeJS.ErrnoException) => {
     throw new ConfigError(`cannot read ${file}: ${error.code === 'ENOENT' ? 'no such file' : error.message}`);
   }) : await readStdin();
-  const client = new pg.Client({ connectionString: url, application_name: 'asyncproc sql' });
+  // values printed as the engine reads them (JSON numbers exact)
+  const client = new pg.Client({ connectionString: url, application_name: 'asyncproc sql', types: ENGINE_TYPES });
   client.on('notice', (notice) => process.stderr.write(`${notice.severity ?? 'NOTICE'}:  ${notice.message}\n`));
   client.on('error', () => undefined);
   try {

@@ -813,6 +813,27 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
   });
 });
 
+describe("pg's process-wide type parsers", () => {
+  it('the engine leaves them as they are, and reads its own rows with its own whatever an application set', async () => {
+    // importing the engine changed nothing: jsonb is read as pg reads it by default
+    assert.equal(pg.types.getTypeParser(pg.types.builtins.JSONB)('{"n": 1}').n, 1);
+    assert.equal(typeof pg.types.getTypeParser(pg.types.builtins.JSONB)('{"n": 12345678901234567890}').n, 'number', "pg's own JSON.parse, not the engine's exact reading");
+    // an application's parsers of its own: timestamps and jsonb left as text
+    const restore = [pg.types.builtins.TIMESTAMPTZ, pg.types.builtins.JSONB, pg.types.builtins.JSON].map((oid) => [oid, pg.types.getTypeParser(oid)] as const);
+    for (const [oid] of restore) pg.types.setTypeParser(oid, (value: string) => value);
+    try {
+      const submitted = await engine.withTransaction((tx) => engine.invoke(tx, { procedure: 'demo.add', arguments: { a: 1, b: 2 } }));
+      assert.ok(submitted.submittedAt instanceof Date, 'a Date, as the types say');
+      assert.equal(typeof submitted.arguments, 'object');
+      const read = (await engine.getExecution(submitted.token))!;
+      assert.ok(read.submittedAt instanceof Date);
+      assert.equal(typeof read.arguments, 'object');
+    } finally {
+      for (const [oid, parse] of restore) pg.types.setTypeParser(oid, parse);
+    }
+  });
+});
+
 describe("the service's named submit statements", () => {
   // prepared once per pooled connection: whatever they check must still be read on every call
   it('honour at once a registration withdrawn, restricted or pointing at a dropped routine, a replaced asyncproc.submit and a revoked EXECUTE', async () => {

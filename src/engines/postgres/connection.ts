@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { ENGINE_TYPES } from './types.js';
 
 /**
  * Settings every connection the engine owns starts with (pool, workers, listener,
@@ -45,7 +46,7 @@ export async function liftSessionLimits(client: Pick<pg.Client, 'query'>): Promi
 /** Client side of the keepalive: the first probe after this long idle. */
 const KEEPALIVE_INITIAL_DELAY_MS = 10_000;
 
-type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | 'keepAlive' | 'keepAliveInitialDelayMillis'>;
+type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | 'keepAlive' | 'keepAliveInitialDelayMillis' | 'types'>;
 
 /**
  * Connection options for a client or pool of the engine: SESSION_SETTINGS plus `extra`
@@ -60,6 +61,7 @@ export function connectionConfig(connectionString: string, extra: Readonly<Recor
     options: [options, ...settings].filter(Boolean).join(' '),
     keepAlive: true,
     keepAliveInitialDelayMillis: KEEPALIVE_INITIAL_DELAY_MS,
+    types: ENGINE_TYPES,
   };
 }
 

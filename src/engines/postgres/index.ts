@@ -19,7 +19,6 @@ import type {
 } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
-import { parseExactJson } from '../exactJson.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
@@ -59,11 +58,7 @@ export interface PostgresEngineOptions {
   retentionMs?: number;
 }
 
-// bigint ids and cursors stay strings; timestamps arrive as Date
-pg.types.setTypeParser(pg.types.builtins.INT8, (v) => v);
-// results and arguments keep every number exact (past 2^53 as strings)
-pg.types.setTypeParser(pg.types.builtins.JSON, parseExactJson);
-pg.types.setTypeParser(pg.types.builtins.JSONB, parseExactJson);
+// every connection of the engine reads values with the engine's own parsers (types.ts), not pg's process-wide ones
 
 export type PostgresTransaction = pg.ClientBase;
 

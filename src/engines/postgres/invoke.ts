@@ -3,6 +3,7 @@ import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
+import { ENGINE_TYPES } from './types.js';
 
 /** Arguments are a JSON object keyed by parameter name (the database checks the rest). */
 export function checkArguments(call: InvokeCall): void {
@@ -76,7 +77,8 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
   let row: ExecutionRow & { refused_code: string | null; refused_message: string | null; refused_hint: string | null };
   try {
     // unnamed: `tx` may be the caller's own client, behind who knows what (a named statement outlives the transaction)
-    ({ rows: [row] } = await tx.query(SUBMIT_IN_CALLERS_TRANSACTION, submitValues(checked, quiet)));
+    // the engine's parsers, whatever the caller's client reads its own values with
+    ({ rows: [row] } = await tx.query({ text: SUBMIT_IN_CALLERS_TRANSACTION, values: submitValues(checked, quiet), types: ENGINE_TYPES }));
   } catch (error) {
     throw mapDatabaseError(error);
   }
