@@ -9,6 +9,7 @@ import { EngineError } from '../src/engine.js';
 import type { Closeable, Execution, InvokeCall } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { migrate } from '../src/engines/postgres/migrator.js';
+import { connect } from '../src/index.js';
 import { parseSnapshot } from '../src/changeCursor.js';
 import { CompletionHub, untilQuiet } from '../src/completionHub.js';
 import { readChanges } from '../src/engines/postgres/executions.js';
@@ -90,6 +91,28 @@ describe('migrator', () => {
       await pool.end();
       await rm(dir, { recursive: true, force: true });
     }
+  });
+});
+
+describe('connect() of the library', () => {
+  it('refuses, by name, a database without the schema or with older routines than the package calls (migrate: true installs them)', async () => {
+    const fresh = await cluster.createDatabase();
+    await assert.rejects(connect({ connectionString: fresh }), /no asyncproc schema: start the asyncproc service .* or connect with migrate: true/);
+    const migrated = await connect({ connectionString: fresh, migrate: true });
+    await migrated.close();
+    await migrated.close(); // twice: no "Called end on pool more than once"
+    const again = await connect({ connectionString: fresh });
+    await again.close();
+    // an older release's routines (a service not yet upgraded)
+    const admin = new pg.Client({ connectionString: fresh });
+    await admin.connect();
+    try {
+      await admin.query('alter table asyncproc.routines_revision disable trigger user');
+      await admin.query('update asyncproc.routines_revision set revision = revision - 1');
+    } finally {
+      await admin.end();
+    }
+    await assert.rejects(connect({ connectionString: fresh }), /routines are revision \d+, this package needs \d+/);
   });
 });
 

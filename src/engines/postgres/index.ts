@@ -303,12 +303,17 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     return this.closeables.track(listener, () => this.notifier.local.delete(local));
   }
 
-  async close(): Promise<void> {
-    await this.closeables.closeAll();
-    await this.progress.close();
-    await this.notifier.close();
-    await this.pool.end();
+  /** Ends everything the engine opened; a second call waits for the first (pg refuses to end a pool twice). */
+  close(): Promise<void> {
+    this.closing ??= (async () => {
+      await this.closeables.closeAll();
+      await this.progress.close();
+      await this.notifier.close();
+      await this.pool.end();
+    })();
+    return this.closing;
   }
+  private closing: Promise<void> | undefined;
 }
 
 export function createPostgresEngine(options: PostgresEngineOptions): PostgresEngine {
