@@ -6,6 +6,9 @@ const flag = z
   .enum(['1', '0', 'true', 'false', 'yes', 'no', 'on', 'off'], { message: 'expected true or false (1/0, yes/no, on/off)' })
   .transform((v) => ['1', 'true', 'yes', 'on'].includes(v));
 
+/** The longest delay a Node timer holds (2^31 − 1 ms), in whole seconds. */
+const MAX_TIMER_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
+
 const positiveInt = z.coerce.number({ message: 'expected a number' }).int('expected a whole number').positive('expected a positive number');
 
 const schema = z.object({
@@ -21,7 +24,7 @@ const schema = z.object({
   ASYNCPROC_JWT_SECRET: z.string().min(32, 'at least 32 characters (256 bits) for HS256').optional(),
   /** PEM public key or certificate (RS/PS/ES/EdDSA); `\n` may stand for line breaks. */
   ASYNCPROC_JWT_PUBLIC_KEY: z.string().includes('-----BEGIN', { message: 'expected a PEM public key or certificate' }).optional(),
-  ASYNCPROC_JWKS_URL: z.string().url('expected an https:// (or http://) URL').optional(),
+  ASYNCPROC_JWKS_URL: z.string().url('expected an https:// (or http://) URL').refine((url) => /^https?:\/\//i.test(url), 'expected an https:// (or http://) URL').optional(),
   ASYNCPROC_JWT_ISSUER: z.string().min(1).optional(),
   ASYNCPROC_JWT_AUDIENCE: z.string().min(1).optional(),
   ASYNCPROC_JWT_ROLES_CLAIM: z.string().regex(/^[^.\s]+(\.[^.\s]+)*$/, 'expected a claim name or dotted path').default('roles'),
@@ -54,8 +57,18 @@ const schema = z.object({
    * transactional ones are handed back to their queues (PostgreSQL). Below the process manager's
    * own kill timeout (Docker: 10 s).
    */
-  ASYNCPROC_STOP_GRACE_SECONDS: z.coerce.number({ message: 'expected a number of seconds' }).min(0, 'expected 0 or more').default(8),
-  ASYNCPROC_RETENTION_DAYS: z.coerce.number({ message: 'expected a number of days' }).positive().default(7),
+  ASYNCPROC_STOP_GRACE_SECONDS: z.coerce
+    .number({ message: 'expected a number of seconds' })
+    .min(0, 'expected 0 or more')
+    // Node's timers hold at most 2^31 − 1 ms: a longer one fired after 1 ms
+    .max(MAX_TIMER_SECONDS, `at most ${MAX_TIMER_SECONDS} (about 24 days)`)
+    .default(8),
+  ASYNCPROC_RETENTION_DAYS: z.coerce
+    .number({ message: 'expected a number of days' })
+    .positive()
+    // PostgreSQL's intervals end somewhere past 178 million years; a retention past that failed every purge
+    .max(36_500, 'at most 36500 (100 years)')
+    .default(7),
   ASYNCPROC_POOL_SIZE: positiveInt.default(10),
   /** Rows of a call's first result set kept in its result (the rest are counted, `truncated` says so). */
   ASYNCPROC_MAX_ROWS: z.coerce
@@ -137,9 +150,17 @@ export class ConfigError extends Error {
   override name = 'ConfigError';
 }
 
+/** A value as an error message may show it: a secret not at all, a URL without its password. */
+function shown(name: string, value: string | undefined): string | undefined {
+  if (value === undefined) return value;
+  if (/SECRET|PASSWORD/.test(name)) return `(${value.length} characters, not shown)`;
+  return value.replace(/^([a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:)[^@\s]*@/i, '$1***@');
+}
+
 /** Read and validate the configuration; a bad value fails with a message naming the variable. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
-  const known = Object.fromEntries(Object.keys(schema.shape).map((key) => [key, env[key] === '' ? undefined : env[key]]));
+  // a value of only blanks is unset, as an empty one is (z.coerce.number read " " as 0: PORT " " listened on a random port)
+  const known = Object.fromEntries(Object.keys(schema.shape).map((key) => [key, env[key]?.trim() === '' ? undefined : env[key]]));
   const parsed = schema
     .refine((c) => c.ASYNCPROC_EMBEDDED || c.DATABASE_URL, {
       path: ['DATABASE_URL'],
@@ -155,7 +176,10 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
     })
     .safeParse(known);
   if (!parsed.success) {
-    const problems = parsed.error.issues.map((issue) => `${issue.path.join('.')}=${JSON.stringify(env[String(issue.path[0])])}: ${issue.message}`);
+    const problems = parsed.error.issues.map((issue) => {
+      const name = String(issue.path[0]);
+      return `${issue.path.join('.')}=${JSON.stringify(shown(name, env[name]))}: ${issue.message}`;
+    });
     throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
   }
   return parsed.data;

@@ -47,6 +47,35 @@ describe('configuration from the environment', () => {
     });
   }
 
+  for (const [name, value, why] of [
+    ['ASYNCPROC_STOP_GRACE_SECONDS', '2147484', 'a Node timer past 2^31 − 1 ms fires after 1 ms: the stop waited for nothing'],
+    ['ASYNCPROC_RETENTION_DAYS', '1e10', 'every purge failed: interval field value out of range'],
+    ['ASYNCPROC_JWKS_URL', 'file:///etc/passwd', 'not https or http'],
+    ['ASYNCPROC_JWKS_URL', 'ftp://keys.example.com/jwks.json', 'not https or http'],
+  ]) {
+    it(`refuses ${name}=${value} (${why})`, () => {
+      assert.throws(() => loadConfig({ [name]: value }), (error: unknown) => error instanceof ConfigError && error.message.includes(`${name}=`));
+    });
+  }
+
+  it('a value of blanks is unset, as an empty one is: PORT " " is the default port, not 0 (a random one)', () => {
+    const config = loadConfig({ PORT: ' ', ASYNCPROC_STOP_GRACE_SECONDS: '  ', ASYNCPROC_RATE_LIMIT: '\t' });
+    assert.equal(config.PORT, 4000);
+    assert.equal(config.ASYNCPROC_STOP_GRACE_SECONDS, 8);
+    assert.equal(config.ASYNCPROC_RATE_LIMIT, undefined);
+  });
+
+  it('a refused secret or database password is not repeated in the message', () => {
+    assert.throws(
+      () => loadConfig({ ASYNCPROC_JWT_SECRET: 'too-short-but-secret-value' }),
+      (error: Error) => error.message.includes('ASYNCPROC_JWT_SECRET=') && !error.message.includes('too-short-but-secret-value'),
+    );
+    assert.throws(
+      () => loadConfig({ DATABASE_URL: 'postgress://app:hunter2@db.example.com/x' }),
+      (error: Error) => error.message.includes('DATABASE_URL=') && !error.message.includes('hunter2') && error.message.includes('db.example.com'),
+    );
+  });
+
   it('ASYNCPROC_EMBEDDED=false requires DATABASE_URL', () => {
     assert.throws(() => loadConfig({ ASYNCPROC_EMBEDDED: 'false' }), /DATABASE_URL=undefined: required/);
     assert.equal(loadConfig({ ASYNCPROC_EMBEDDED: 'false', DATABASE_URL: 'postgres://h/db' }).ASYNCPROC_EMBEDDED, false);
