@@ -84,9 +84,15 @@ export function databaseFailure(error: unknown, url: string, embedded = false): 
       return new StartupError(`${message} (${where}): create it, or fix the database name in ${variable}`, { cause: error });
     case 'ESOCKET':
       return new StartupError(`the database connection failed: ${message} (${where})`, { cause: error });
-    default:
-      return error as Error;
   }
+  // pg's own errors, without a code
+  if (/timeout exceeded when trying to connect|connection timeout|^timeout expired$/i.test(message)) {
+    return new StartupError(`the database at ${target} did not answer (${where}): check that a PostgreSQL server listens there, and the network`, { cause: error });
+  }
+  if (/Connection terminated unexpectedly/i.test(message)) {
+    return new StartupError(`the server at ${target} closed the connection (${where}): is it a PostgreSQL server? fix the host and port in ${variable}`, { cause: error });
+  }
+  return error as Error;
 }
 
 /** The embedded PostgreSQL did not start: name ASYNCPROC_EMBEDDED_PORT or ASYNCPROC_DATA_DIR. */

@@ -105,6 +105,21 @@ describe('start-up failures are one line naming the variable', () => {
     await assertOneLine('serve', withDatabase(`postgres://app:s3cret@127.0.0.1:${port}/app`), new RegExp(`no database answers at 127\\.0\\.0\\.1:${port} \\(DATABASE_URL=postgres://app:\\*\\*\\*@`));
   });
 
+  it('a DATABASE_URL whose server takes the connection and never answers (connect_timeout, 30 s by default)', async () => {
+    const sockets: import('node:net').Socket[] = [];
+    const silent = createServer((socket) => void sockets.push(socket));
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve));
+    const { port } = silent.address() as import('node:net').AddressInfo;
+    try {
+      const started = Date.now();
+      await assertOneLine('serve', withDatabase(`postgres://app:s3cret@127.0.0.1:${port}/app?connect_timeout=2`), new RegExp(`database at 127\\.0\\.0\\.1:${port} did not answer \\(DATABASE_URL=postgres://app:\\*\\*\\*@`));
+      assert.ok(Date.now() - started < 30_000, 'given up after its connect_timeout, not held for ever');
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      silent.close();
+    }
+  });
+
   it('a DATABASE_URL whose host does not resolve', async () => {
     await assertOneLine('serve', withDatabase('postgres://app:s3cret@no-such-host.invalid/app'), /cannot be resolved \(DATABASE_URL=postgres:\/\/app:\*\*\*@no-such-host\.invalid/);
   });

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { ConfigError } from '../../config.js';
 import type { Logger } from '../../logger.js';
+import { connectTimeout } from './connection.js';
 
 /** The database behind DATABASE_URL cannot carry the service; the message names the fix (a ConfigError: no stack on the console). */
 export class UnsuitableDatabaseError extends ConfigError {
@@ -44,7 +45,7 @@ export async function checkDeployment(connectionString: string, logger: Logger):
 }
 
 async function connect(connectionString: string): Promise<pg.Client> {
-  const client = new pg.Client({ connectionString, application_name: 'asyncproc-check' });
+  const client = new pg.Client({ connectionString, application_name: 'asyncproc-check', connectionTimeoutMillis: connectTimeout(connectionString) });
   client.on('error', () => undefined); // a failed probe surfaces through its query
   await client.connect();
   return client;

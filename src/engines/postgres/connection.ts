@@ -46,7 +46,15 @@ export async function liftSessionLimits(client: Pick<pg.Client, 'query'>): Promi
 /** Client side of the keepalive: the first probe after this long idle. */
 const KEEPALIVE_INITIAL_DELAY_MS = 10_000;
 
-type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | 'keepAlive' | 'keepAliveInitialDelayMillis' | 'types'>;
+type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | 'keepAlive' | 'keepAliveInitialDelayMillis' | 'types' | 'connectionTimeoutMillis'>;
+
+/**
+ * How long a connection may take to open (a pool's: also to be handed out). Without it, a
+ * server that accepts the TCP connection and never answers (a hung host, a proxy in front of
+ * nothing, a port of something else) held the service's start, and every statement after it,
+ * for ever.
+ */
+export const CONNECT_TIMEOUT_MS = 30_000;
 
 /**
  * Connection options for a client or pool of the engine: SESSION_SETTINGS plus `extra`
@@ -62,10 +70,23 @@ export function connectionConfig(connectionString: string, extra: Readonly<Recor
     keepAlive: true,
     keepAliveInitialDelayMillis: KEEPALIVE_INITIAL_DELAY_MS,
     types: ENGINE_TYPES,
+    connectionTimeoutMillis: connectTimeout(connectionString),
   };
 }
 
 /** Spaces and backslashes in an `options` value are escaped with a backslash (libpq's rule). */
+/** The URL's `connect_timeout` (seconds, as libpq reads it; 0: none), or CONNECT_TIMEOUT_MS. */
+export function connectTimeout(connectionString: string): number {
+  let seconds: string | null = null;
+  try {
+    seconds = new URL(connectionString).searchParams.get('connect_timeout');
+  } catch {
+    // not a URL (a key=value string): the default
+  }
+  const value = Number(seconds);
+  return seconds !== null && seconds.trim() !== '' && Number.isFinite(value) && value >= 0 ? Math.round(value * 1000) : CONNECT_TIMEOUT_MS;
+}
+
 const escapeOption = (value: string) => value.replace(/[\\ ]/g, '\\$&');
 
 function takeOptions(connectionString: string): { url: string; options: string | null } {
