@@ -10,7 +10,7 @@ import { embeddedUrl, startEmbeddedPostgres, type EmbeddedServer } from './embed
 import { createEngine } from './engines/index.js';
 import type { Logger } from './logger.js';
 import { startServer, type RunningServer, type ServerOptions } from './server.js';
-import { databaseFailure, embeddedFailure, listenFailure } from './startupFailure.js';
+import { databaseFailure, embeddedFailure, listenFailure, StartupError } from './startupFailure.js';
 
 export interface App {
   engine: Engine;
@@ -56,6 +56,15 @@ async function openDatabase(config: Config, logger: Logger, role: 'serve' | 'wor
   } catch (error) {
     await engine.close().catch(() => undefined);
     await embedded?.stop();
+    // the embedded server refused our login: its data folder was made by another cluster, with other credentials
+    const code = (error as { code?: string }).code;
+    if (embedded && (code === '28P01' || code === '28000')) {
+      throw new StartupError(
+        `embedded PostgreSQL: the data folder ${embedded.dataDir} belongs to another PostgreSQL (it refused the service's login) ` +
+          `(ASYNCPROC_DATA_DIR=${config.ASYNCPROC_DATA_DIR ?? '.data (the default)'}): set ASYNCPROC_DATA_DIR to a folder of the service's own`,
+        { cause: error },
+      );
+    }
     throw databaseFailure(error, url, !config.DATABASE_URL);
   }
   return { engine, embedded };

@@ -50,7 +50,7 @@ const program = new Command()
 program
   .command('serve', { isDefault: true })
   .description('run the GraphQL service (and, unless ASYNCPROC_ACTIVATOR=false, the worker pool)')
-  .option('--demo', 'install and register the demo procedures (always on for the embedded database)')
+  .option('--demo', 'install and register the demo procedures (on by default for the embedded database; ASYNCPROC_DEMO=false turns that off)')
   .action(async (options) => {
     const cfg = config(options);
     await runUntilSignal(() => startApp(cfg, createLogger(cfg.LOG_LEVEL)));
@@ -138,6 +138,8 @@ program
   .option('--write', 'write schema/schema.graphql')
   .option('--check', 'exit 1 when schema/schema.graphql differs from the code')
   .action(async (options: { write?: boolean; check?: boolean }) => {
+    // both would write and pass: a CI step meant to fail on a stale file never could
+    if (options.write && options.check) throw new ConfigError('print-schema: --write or --check, not both');
     const { printedSchema } = await import('./schema/index.js');
     const sdl = printedSchema();
     if (options.write) await writeFile(SCHEMA_FILE, sdl);

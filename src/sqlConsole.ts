@@ -9,11 +9,26 @@ const INSTALL_PSQL =
   'psql is not installed: install it (Debian/Ubuntu: apt-get install postgresql-client; macOS: brew install libpq) ' +
   'or run a SQL file without it: npm run sql -- file.sql';
 
+/** The URL without its password, and the password (percent-decoded, as libpq reads it). */
+function withoutPassword(url: string): { url: string; password?: string } {
+  try {
+    const parsed = new URL(url);
+    if (!parsed.password) return { url };
+    const password = decodeURIComponent(parsed.password);
+    parsed.password = '';
+    return { url: parsed.toString(), password };
+  } catch {
+    return { url };
+  }
+}
+
 /** psql on `url`, attached to this terminal; resolves with its exit code. */
 export function openPsql(url: string, args: readonly string[]): Promise<number> {
   if (url.startsWith('mssql') || url.startsWith('sqlserver')) throw new ConfigError('DATABASE_URL is SQL Server: use sqlcmd or Azure Data Studio');
   return new Promise((resolve, reject) => {
-    const child = spawn('psql', [url, ...args], { stdio: 'inherit' });
+    // the password through psql's environment (PGPASSWORD), not its command line, which `ps` shows every local user
+    const { url: shown, password } = withoutPassword(url);
+    const child = spawn('psql', [shown, ...args], { stdio: 'inherit', env: password === undefined ? process.env : { ...process.env, PGPASSWORD: password } });
     // Ctrl-C belongs to psql (it cancels the query); we only wait for it
     const ignore = () => undefined;
     process.on('SIGINT', ignore);

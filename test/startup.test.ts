@@ -10,6 +10,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
+import pg from 'pg';
+import { startEmbeddedPostgres } from '../src/embeddedPostgres.js';
 import { freePort, startTestCluster, type TestCluster } from './support/database.js';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -96,6 +98,18 @@ describe('start-up failures are one line naming the variable', () => {
     await mkdir(folder);
     await writeFile(path.join(folder, 'cat.jpg'), '');
     await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: folder, PORT: String(await freePort()) }, /not empty.*ASYNCPROC_DATA_DIR=.*photos/);
+  });
+
+  it("a data folder of another PostgreSQL (it refuses the service's login) names ASYNCPROC_DATA_DIR", async () => {
+    const settings = await embedded('foreign');
+    // a cluster whose superuser's password is not the service's
+    const server = await startEmbeddedPostgres({ dataDir: settings.ASYNCPROC_DATA_DIR, port: Number(settings.ASYNCPROC_EMBEDDED_PORT) });
+    const client = new pg.Client({ connectionString: server.url });
+    await client.connect();
+    await client.query(`alter user postgres password 'not-the-service-password'`);
+    await client.end();
+    await server.stop();
+    await assertOneLine('serve', { ...settings, PORT: String(await freePort()) }, /data folder .*foreign belongs to another PostgreSQL .*ASYNCPROC_DATA_DIR=.*foreign.*: set ASYNCPROC_DATA_DIR/);
   });
 
   const withDatabase = (url: string) => ({ DATABASE_URL: url, ASYNCPROC_AUTH: 'none', PORT: '0' });

@@ -5,7 +5,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -63,5 +63,30 @@ describe('npm run sql', () => {
     const lines = run.stderr.trim().split('\n');
     assert.equal(lines.length, 1, run.stderr);
     assert.match(lines[0], /no_such_table.*line 2.*SQLSTATE 42P01/);
+  });
+});
+
+describe('npm run psql', () => {
+  it("hands psql the password in its environment, not on its command line (which ps shows every local user)", async () => {
+    const bin = path.join(dir, 'bin');
+    const out = path.join(dir, 'psql-saw');
+    await mkdir(bin, { recursive: true });
+    await writeFile(path.join(bin, 'psql'), `#!/bin/sh\nprintf '%s\\n' "$*" > "${out}"\nprintf '%s\\n' "$PGPASSWORD" >> "${out}"\n`, { mode: 0o755 });
+    const url = new URL(db.url);
+    assert.ok(url.password, 'the test database has a password');
+    const run = npm(['psql'], { DATABASE_URL: db.url, PATH: `${bin}:${process.env.PATH}` });
+    assert.equal(run.status, 0, run.stderr);
+    const [argv, password] = (await readFile(out, 'utf8')).split('\n');
+    assert.ok(!argv.includes(url.password), `psql's command line: ${argv}`);
+    assert.match(argv, new RegExp(`${url.hostname}:${url.port}`));
+    assert.equal(password, decodeURIComponent(url.password));
+  });
+});
+
+describe('print-schema', () => {
+  it('refuses --write with --check (it would write, and pass)', () => {
+    const run = spawnSync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'print-schema', '--write', '--check'], { cwd: ROOT, encoding: 'utf8', timeout: 60_000 });
+    assert.equal(run.status, 1);
+    assert.match(run.stderr, /--write or --check, not both/);
   });
 });

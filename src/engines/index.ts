@@ -22,7 +22,7 @@ export async function createEngine(settings: EngineSettings): Promise<Engine> {
   }
   if (scheme === 'mssql' || scheme === 'sqlserver') {
     const { createMssqlEngine } = await import('./mssql/index.js');
-    return (await createMssqlEngine({ url: settings.url, logger: settings.logger, retentionMs: settings.retentionMs })) as Engine;
+    return (await createMssqlEngine({ url: settings.url, logger: settings.logger, poolSize: settings.poolSize, retentionMs: settings.retentionMs })) as Engine;
   }
   throw new Error(`DATABASE_URL: unsupported scheme "${scheme}:" (use postgres:// or mssql://)`);
 }
