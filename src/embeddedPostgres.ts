@@ -1,4 +1,4 @@
-import { access, chmod, chown, mkdir, readFile, rm, stat } from 'node:fs/promises';
+import { access, chmod, chown, mkdir, readdir, readFile, rm, stat } from 'node:fs/promises';
 import { constants } from 'node:fs';
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createServer } from 'node:net';
@@ -83,6 +83,20 @@ async function prepareDataDirForRoot(dataDir: string): Promise<void> {
     if (dir === path.dirname(dir)) break;
   }
   const { uid, gid } = await postgresAccount();
+  // A folder there already is given to the server's account only when it is the service's to
+  // give: empty, or PostgreSQL's data, and owned by root or by that account. Another user's
+  // folder, or one holding other files, is left exactly as it is (it was given away and set to
+  // mode 700 before PostgreSQL refused it, and its owner could no longer open it).
+  const existing = await stat(dataDir).catch(() => null);
+  if (existing?.isDirectory()) {
+    if (existing.uid !== uid && existing.uid !== 0) {
+      throw new EmbeddedPostgresError('dataDir', `${dataDir} belongs to another user (uid ${existing.uid}); it is left as it is: choose a folder of the service's own`);
+    }
+    const entries = await readdir(dataDir);
+    if (existing.uid === 0 && entries.length > 0 && !entries.includes('PG_VERSION')) {
+      throw new EmbeddedPostgresError('dataDir', `${dataDir} is not empty and holds no PostgreSQL data; it is left as it is: choose an empty folder`);
+    }
+  }
   await mkdir(dataDir, { recursive: true });
   await chown(dataDir, uid, gid);
   await chmod(dataDir, 0o700);

@@ -4,7 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { chmod, mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, mkdtemp, rm, stat, writeFile } from 'node:fs/promises';
 import { createServer, type Server } from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -110,6 +110,19 @@ describe('start-up failures are one line naming the variable', () => {
     await client.end();
     await server.stop();
     await assertOneLine('serve', { ...settings, PORT: String(await freePort()) }, /data folder .*foreign belongs to another PostgreSQL .*ASYNCPROC_DATA_DIR=.*foreign.*: set ASYNCPROC_DATA_DIR/);
+  });
+
+  it("as root, another user's folder is refused and left as it is, empty or not (it was given to postgres and set to mode 700)", { skip: process.getuid?.() !== 0 && 'only root gives the data folder to the postgres account' }, async () => {
+    for (const files of [[], ['notes.txt']]) {
+      const folder = path.join(dir, `someone-elses-${files.length}`);
+      await mkdir(folder);
+      for (const file of files) await writeFile(path.join(folder, file), 'mine');
+      await chmod(folder, 0o755);
+      await chown(folder, 1234, 1234);
+      await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: folder, PORT: String(await freePort()) }, /belongs to another user \(uid 1234\).*ASYNCPROC_DATA_DIR=.*someone-elses/);
+      const after = await stat(folder);
+      assert.deepEqual({ uid: after.uid, mode: after.mode & 0o777 }, { uid: 1234, mode: 0o755 }, 'left as it was');
+    }
   });
 
   const withDatabase = (url: string) => ({ DATABASE_URL: url, ASYNCPROC_AUTH: 'none', PORT: '0' });
