@@ -192,7 +192,8 @@ class QueueWorkers {
       try {
         if (!client) {
           if (!(await this.takeProbe(index))) {
-            await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
+            // stopping, or surplus now: the loop ends (a wait would hold the stop up to 10 s)
+            if (!this.activator.stopping && index < this.concurrency) await this.vacancy.wait(PROBE_MS * (1 + Math.random()));
             continue;
           }
           probing = true;
