@@ -332,17 +332,17 @@ class QueueWorkers {
     return this.activator.options.maxRows ?? 100;
   }
 
-  /**
-   * A transactional call: asyncproc.run() runs it and records its outcome in one transaction.
-   * When a subscriber of this process awaits its end, run() also returns the row it left, which
-   * goes to that subscriber with the change: it hears the end without a read of the feed.
-   */
   /** A transactional call in a transaction of its own (counted down, after a group of this loop failed together). */
   private runAlone(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     if (client.alone) client.alone--;
     return this.runInTransaction(client, worker, current, timeoutMs, call);
   }
 
+  /**
+   * A transactional call: asyncproc.run() runs it and records its outcome in one transaction.
+   * When a subscriber of this process awaits its end, run() also returns the row it left, which
+   * goes to that subscriber with the change: it hears the end without a read of the feed.
+   */
   private async runInTransaction(client: SlotClient, worker: string, current: string, timeoutMs: number, call: CallLog): Promise<Claimed> {
     const started = Date.now();
     try {
