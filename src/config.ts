@@ -1,3 +1,4 @@
+import { createPublicKey } from 'node:crypto';
 import type { AuthSettings } from './auth/authenticate.js';
 import { z } from 'zod';
 import { DEFAULT_OPERATION_LIMITS } from './edge/operationLimits.js';
@@ -5,6 +6,16 @@ import { DEFAULT_OPERATION_LIMITS } from './edge/operationLimits.js';
 const flag = z
   .enum(['1', '0', 'true', 'false', 'yes', 'no', 'on', 'off'], { message: 'expected true or false (1/0, yes/no, on/off)' })
   .transform((v) => ['1', 'true', 'yes', 'on'].includes(v));
+
+/** Whether the JWT verifier (src/auth/jwt.ts) can read `pem` as a public key. */
+function readablePublicKey(pem: string): boolean {
+  try {
+    createPublicKey(pem.replace(/\\n/g, '\n'));
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 /** The longest delay a Node timer holds (2^31 − 1 ms), in whole seconds. */
 const MAX_TIMER_SECONDS = Math.floor((2 ** 31 - 1) / 1000);
@@ -23,7 +34,12 @@ const schema = z.object({
   /** HS256 shared secret (at least 32 characters). */
   ASYNCPROC_JWT_SECRET: z.string().min(32, 'at least 32 characters (256 bits) for HS256').optional(),
   /** PEM public key or certificate (RS/PS/ES/EdDSA); `\n` may stand for line breaks. */
-  ASYNCPROC_JWT_PUBLIC_KEY: z.string().includes('-----BEGIN', { message: 'expected a PEM public key or certificate' }).optional(),
+  ASYNCPROC_JWT_PUBLIC_KEY: z
+    .string()
+    .includes('-----BEGIN', { message: 'expected a PEM public key or certificate' })
+    // read here as the JWT verifier reads it: a key it cannot read stopped the service only after the database had started and migrated
+    .refine(readablePublicKey, 'not a public key or certificate this runtime can read (PEM)')
+    .optional(),
   ASYNCPROC_JWKS_URL: z.string().url('expected an https:// (or http://) URL').refine((url) => /^https?:\/\//i.test(url), 'expected an https:// (or http://) URL').optional(),
   ASYNCPROC_JWT_ISSUER: z.string().min(1).optional(),
   ASYNCPROC_JWT_AUDIENCE: z.string().min(1).optional(),

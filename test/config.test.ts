@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { generateKeyPairSync } from 'node:crypto';
 import { fileURLToPath } from 'node:url';
 import { describe, it } from 'node:test';
 import { ConfigError, loadConfig } from '../src/config.js';
@@ -57,6 +58,15 @@ describe('configuration from the environment', () => {
       assert.throws(() => loadConfig({ [name]: value }), (error: unknown) => error instanceof ConfigError && error.message.includes(`${name}=`));
     });
   }
+
+  it('a JWT public key the verifier cannot read is refused with the configuration, before any database starts; a real one is taken', () => {
+    assert.throws(
+      () => loadConfig({ ASYNCPROC_JWT_PUBLIC_KEY: '-----BEGIN PUBLIC KEY-----\\nnot a key\\n-----END PUBLIC KEY-----' }),
+      (error: unknown) => error instanceof ConfigError && /ASYNCPROC_JWT_PUBLIC_KEY=.*not a public key/.test(error.message),
+    );
+    const { publicKey } = generateKeyPairSync('ec', { namedCurve: 'P-256', publicKeyEncoding: { type: 'spki', format: 'pem' }, privateKeyEncoding: { type: 'pkcs8', format: 'pem' } });
+    assert.equal(loadConfig({ ASYNCPROC_JWT_PUBLIC_KEY: publicKey.replace(/\n/g, '\\n') }).ASYNCPROC_JWT_PUBLIC_KEY, publicKey.replace(/\n/g, '\\n'), 'with \\n for line breaks, as an environment variable holds it');
+  });
 
   it('a value of blanks is unset, as an empty one is: PORT " " is the default port, not 0 (a random one)', () => {
     const config = loadConfig({ PORT: ' ', ASYNCPROC_STOP_GRACE_SECONDS: '  ', ASYNCPROC_RATE_LIMIT: '\t' });
