@@ -802,6 +802,7 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
         { ...base, maxAttempts: 1.5 },
         { ...base, procedure: 'demo.add\u0000' },
         { ...base, submittedBy: 'x'.repeat(1_000_001) },
+        { ...base, submittedBy: '漢'.repeat(900) }, // 900 characters, 2,700 bytes
         { ...base, callerRoles: 'admin' },
         { ...base, arguments: { a: 1n, b: 2 } },
         { ...base, arguments: { a: 1, b: 2, note: 'half a pair \ud800' } },
@@ -818,7 +819,7 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
       return codes;
     });
     assert.deepEqual(codes, [
-      'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT',
+      'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT',
       'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'BAD_USER_INPUT',
     ]);
   });

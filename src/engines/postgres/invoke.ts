@@ -13,7 +13,7 @@ export function checkArguments(call: InvokeCall): void {
   }
 }
 
-/** Longest `submittedBy` kept (an index holds it: past about 2,700 bytes PostgreSQL refuses the row). */
+/** Longest `submittedBy` kept, in UTF-8 bytes (an index holds it: past about 2,700 bytes PostgreSQL refuses the row). */
 const MAX_SUBMITTED_BY = 1000;
 /** A NUL, or half of a surrogate pair: PostgreSQL's text and jsonb hold neither. */
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
@@ -46,7 +46,7 @@ export function checkCall(call: InvokeCall): InvokeCall {
   text('procedure', call.procedure, false);
   text('queue', call.queue, true);
   text('submittedBy', call.submittedBy, true);
-  if (typeof call.submittedBy === 'string' && call.submittedBy.length > MAX_SUBMITTED_BY) throw bad(`submittedBy is longer than ${MAX_SUBMITTED_BY} characters`);
+  if (typeof call.submittedBy === 'string' && Buffer.byteLength(call.submittedBy) > MAX_SUBMITTED_BY) throw bad(`submittedBy is longer than ${MAX_SUBMITTED_BY} bytes (UTF-8)`);
   let runAt = call.runAt ?? null;
   if (typeof runAt === 'string') runAt = new Date(runAt);
   if (runAt !== null && !(runAt instanceof Date && Number.isFinite(runAt.getTime()))) throw bad('runAt must be a Date (or an ISO 8601 string)');
