@@ -1,5 +1,5 @@
-import { createPublicKey } from 'node:crypto';
 import type { AuthSettings } from './auth/authenticate.js';
+import { publicKeyFromPem } from './auth/publicKey.js';
 import { z } from 'zod';
 import { DEFAULT_OPERATION_LIMITS } from './edge/operationLimits.js';
 
@@ -10,7 +10,7 @@ const flag = z
 /** Whether the JWT verifier (src/auth/jwt.ts) can read `pem` as a public key. */
 function readablePublicKey(pem: string): boolean {
   try {
-    createPublicKey(pem.replace(/\\n/g, '\n'));
+    publicKeyFromPem(pem);
     return true;
   } catch {
     return false;
@@ -166,11 +166,22 @@ export class ConfigError extends Error {
   override name = 'ConfigError';
 }
 
+/** The URL with its password masked, for messages and logs. */
+export function maskPassword(url: string): string {
+  try {
+    const parsed = new URL(url);
+    if (parsed.password) parsed.password = '***';
+    return parsed.toString();
+  } catch {
+    return url.replace(/\/\/([^:/@]*):[^@]*@/, '//$1:***@');
+  }
+}
+
 /** A value as an error message may show it: a secret not at all, a URL without its password. */
 function shown(name: string, value: string | undefined): string | undefined {
   if (value === undefined) return value;
   if (/SECRET|PASSWORD/.test(name)) return `(${value.length} characters, not shown)`;
-  return value.replace(/^([a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:)[^@\s]*@/i, '$1***@');
+  return maskPassword(value);
 }
 
 /** Read and validate the configuration; a bad value fails with a message naming the variable. */

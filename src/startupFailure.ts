@@ -1,4 +1,4 @@
-import { ConfigError, type Config } from './config.js';
+import { ConfigError, maskPassword, type Config } from './config.js';
 import { EmbeddedPostgresError } from './embeddedPostgres.js';
 
 /**
@@ -9,16 +9,6 @@ export class StartupError extends ConfigError {
   override name = 'StartupError';
 }
 
-/** The URL with its password masked, for messages and logs. */
-export function maskPassword(url: string): string {
-  try {
-    const parsed = new URL(url);
-    if (parsed.password) parsed.password = '***';
-    return parsed.toString();
-  } catch {
-    return url.replace(/\/\/([^:/@]*):[^@]*@/, '//$1:***@');
-  }
-}
 
 const codeOf = (error: unknown): string | undefined => {
   for (let e = error as { code?: unknown; cause?: unknown } | undefined, depth = 0; e && depth < 5; e = e.cause as typeof e, depth++) {

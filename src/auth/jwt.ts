@@ -1,6 +1,7 @@
-import { createPublicKey, type KeyObject } from 'node:crypto';
+import type { KeyObject } from 'node:crypto';
 import { createRemoteJWKSet, errors, jwtVerify, type JWTPayload, type JWTVerifyGetKey, type JWSAlgorithm } from 'jose';
 import { ROLE_NAME } from '../engine.js';
+import { publicKeyFromPem } from './publicKey.js';
 import { textProblem } from '../schema/input.js';
 
 /**
@@ -72,7 +73,7 @@ export class JwtVerifier {
 
   constructor(private readonly settings: JwtSettings) {
     if (settings.secret) this.secret = new TextEncoder().encode(settings.secret);
-    if (settings.publicKey) this.publicKey = createPublicKey(settings.publicKey.replace(/\\n/g, '\n'));
+    if (settings.publicKey) this.publicKey = publicKeyFromPem(settings.publicKey);
     if (settings.jwksUrl) this.jwks = createRemoteJWKSet(new URL(settings.jwksUrl), { cacheMaxAge: 10 * 60_000, cooldownDuration: 30_000 });
   }
 
