@@ -54,7 +54,7 @@ type ConnectionConfig = Pick<pg.ClientConfig, 'connectionString' | 'options' | '
  * nothing, a port of something else) held the service's start, and every statement after it,
  * for ever.
  */
-export const CONNECT_TIMEOUT_MS = 30_000;
+const CONNECT_TIMEOUT_MS = 30_000;
 
 /**
  * Connection options for a client or pool of the engine: SESSION_SETTINGS plus `extra`
@@ -74,7 +74,6 @@ export function connectionConfig(connectionString: string, extra: Readonly<Recor
   };
 }
 
-/** Spaces and backslashes in an `options` value are escaped with a backslash (libpq's rule). */
 /** The URL's `connect_timeout` (seconds, as libpq reads it; 0: none), or CONNECT_TIMEOUT_MS. */
 export function connectTimeout(connectionString: string): number {
   let seconds: string | null = null;
@@ -87,6 +86,7 @@ export function connectTimeout(connectionString: string): number {
   return seconds !== null && seconds.trim() !== '' && Number.isFinite(value) && value >= 0 ? Math.round(value * 1000) : CONNECT_TIMEOUT_MS;
 }
 
+/** Spaces and backslashes in an `options` value are escaped with a backslash (libpq's rule). */
 const escapeOption = (value: string) => value.replace(/[\\ ]/g, '\\$&');
 
 function takeOptions(connectionString: string): { url: string; options: string | null } {
