@@ -61,14 +61,19 @@ interface Started {
   exited: Promise<number | null>;
 }
 
-function npm(args: string[], env: Record<string, string>): Started {
-  const { DATABASE_URL: _ignored, ...inherited } = process.env;
-  const child = spawn('npm', args, { cwd: ROOT, env: { ...inherited, LOG_LEVEL: 'info', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+/** A child's output so far (stdout and stderr as they came), and its exit code once it exits. */
+function watched(child: ChildProcess): Omit<Started, 'npm'> {
   let output = '';
   child.stdout!.on('data', (chunk) => (output += chunk));
   child.stderr!.on('data', (chunk) => (output += chunk));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  return { npm: child, output: () => output, exited };
+  return { output: () => output, exited };
+}
+
+function npm(args: string[], env: Record<string, string>): Started {
+  const { DATABASE_URL: _ignored, ...inherited } = process.env;
+  const child = spawn('npm', args, { cwd: ROOT, env: { ...inherited, LOG_LEVEL: 'info', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  return { npm: child, ...watched(child) };
 }
 
 const health = (port: number) =>
@@ -142,13 +147,10 @@ describe('a signal while the embedded PostgreSQL starts', () => {
           env: { ...process.env, DATABASE_URL: '', LOG_LEVEL: 'debug', PORT: String(await freePort()), ASYNCPROC_EMBEDDED_PORT: String(await freePort()), ASYNCPROC_DATA_DIR: dataDir },
           stdio: ['ignore', 'pipe', 'pipe'],
         });
-        let output = '';
-        child.stdout!.on('data', (chunk) => (output += chunk));
-        child.stderr!.on('data', (chunk) => (output += chunk));
-        const exited = new Promise((resolve) => child.once('exit', resolve));
+        const { output, exited } = watched(child);
         try {
           // PostgreSQL's own first line of a start (the service logs it at debug)
-          await waitFor(async () => (signalAtStart ? /starting PostgreSQL/ : /asyncproc listening|listening on/).test(output), 60_000, `the start to come that far:\n${output}`);
+          await waitFor(async () => (signalAtStart ? /starting PostgreSQL/ : /asyncproc listening|listening on/).test(output()), 60_000, `the start to come that far:\n${output()}`);
           child.kill('SIGTERM');
           await exited;
         } finally {
