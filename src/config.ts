@@ -1,6 +1,7 @@
 import type { AuthSettings } from './auth/authenticate.js';
 import { publicKeyFromPem } from './auth/publicKey.js';
 import { z } from 'zod';
+import { suggestionList } from 'graphql/jsutils/suggestionList.js';
 import { DEFAULT_OPERATION_LIMITS } from './edge/operationLimits.js';
 
 const flag = z
@@ -118,6 +119,16 @@ const schema = z.object({
     .transform((v) => v.split(',').map((o) => o.trim()).filter(Boolean))
     .refine((list) => list.every((o) => o === '*' || /^https?:\/\/[^/\s]+$/.test(o)), 'expected * or origins like https://app.example.com, comma-separated')
     .optional(),
+  /**
+   * With authentication off: host names the service answers besides IP addresses and localhost
+   * (comma-separated; `*` for any). Others are refused, so that a page of another site cannot
+   * point its own name at the service (DNS rebinding) and act as its administrator.
+   */
+  ASYNCPROC_ALLOWED_HOSTS: z
+    .string()
+    .transform((v) => v.split(',').map((h) => h.trim().toLowerCase()).filter(Boolean))
+    .refine((list) => list.every((h) => h === '*' || /^[a-z0-9.-]+$/.test(h)), 'expected * or host names like devbox.internal (no ports), comma-separated')
+    .optional(),
   /** Schema introspection. Default: on unless authentication is required. */
   ASYNCPROC_INTROSPECTION: flag.optional(),
   /** "Did you mean …?" in error messages. Default: on unless authentication is required. */
@@ -184,6 +195,26 @@ function shown(name: string, value: string | undefined): string | undefined {
   return maskPassword(value);
 }
 
+/**
+ * ASYNCPROC_* variables this version does not read, each with the settings it may be a
+ * misspelling of: such a variable was ignored, so a mistyped ASYNCPROC_JWT_SECRET left the
+ * embedded service open to anyone, and a mistyped limit left its default in force, without a word.
+ */
+function unknownSettings(env: NodeJS.ProcessEnv): string[] {
+  const settings = Object.keys(schema.shape);
+  // compared without the shared prefix, which would make every name look alike (ASYNCPROC_PORT is PORT)
+  const bare = (name: string) => name.replace(/^ASYNCPROC_/, '');
+  return Object.keys(env)
+    .filter((name) => name.startsWith('ASYNCPROC_') && !settings.includes(name))
+    .sort()
+    .map((name) => {
+      // the closest one only (the list's later names are often far off)
+      const [closest] = suggestionList(bare(name), settings.map(bare));
+      const like = settings.find((setting) => bare(setting) === closest);
+      return `${name}: not a setting of asyncproc${like ? ` (did you mean ${like}?)` : ''}`;
+    });
+}
+
 /** Read and validate the configuration; a bad value fails with a message naming the variable. */
 export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
   // a value of only blanks is unset, as an empty one is (z.coerce.number read " " as 0: PORT " " listened on a random port)
@@ -201,13 +232,19 @@ export function loadConfig(env: NodeJS.ProcessEnv = process.env): Config {
       path: ['ASYNCPROC_AUTH'],
       message: 'none contradicts the JWT key configured (ASYNCPROC_JWT_SECRET / ASYNCPROC_JWT_PUBLIC_KEY / ASYNCPROC_JWKS_URL)',
     })
+    // checked here, not when the service has started the database and fails to listen beside it
+    .refine((c) => c.DATABASE_URL || !c.ASYNCPROC_EMBEDDED || c.PORT !== c.ASYNCPROC_EMBEDDED_PORT, {
+      path: ['PORT'],
+      message: 'the embedded PostgreSQL listens on this port (ASYNCPROC_EMBEDDED_PORT): give one of them another',
+    })
     .safeParse(known);
-  if (!parsed.success) {
-    const problems = parsed.error.issues.map((issue) => {
-      const name = String(issue.path[0]);
-      return `${issue.path.join('.')}=${JSON.stringify(shown(name, env[name]))}: ${issue.message}`;
-    });
-    throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
-  }
+  const problems = parsed.success
+    ? []
+    : parsed.error.issues.map((issue) => {
+        const name = String(issue.path[0]);
+        return `${issue.path.join('.')}=${JSON.stringify(shown(name, env[name]))}: ${issue.message}`;
+      });
+  problems.push(...unknownSettings(env));
+  if (!parsed.success || problems.length) throw new ConfigError(`invalid configuration: ${problems.join("; ")}`);
   return parsed.data;
 }

@@ -53,6 +53,7 @@ describe('configuration from the environment', () => {
     ['ASYNCPROC_RETENTION_DAYS', '1e10', 'every purge failed: interval field value out of range'],
     ['ASYNCPROC_JWKS_URL', 'file:///etc/passwd', 'not https or http'],
     ['ASYNCPROC_JWKS_URL', 'ftp://keys.example.com/jwks.json', 'not https or http'],
+    ['ASYNCPROC_ALLOWED_HOSTS', 'devbox.internal:4000', 'a Host is compared without its port'],
   ]) {
     it(`refuses ${name}=${value} (${why})`, () => {
       assert.throws(() => loadConfig({ [name]: value }), (error: unknown) => error instanceof ConfigError && error.message.includes(`${name}=`));
@@ -95,6 +96,30 @@ describe('configuration from the environment', () => {
     const result = runCli('worker', { DATABASE_URL: '', ASYNCPROC_EMBEDDED_PORT: '1' });
     assert.equal(result.status, 1);
     assert.match(result.stderr, /no database: set DATABASE_URL, or start the service \(npm start\)/);
+  });
+
+  it('an ASYNCPROC_ variable it does not know is refused, naming the setting it may be a misspelling of', () => {
+    // a mistyped secret was ignored: the embedded service started with no authentication at all
+    assert.throws(
+      () => loadConfig({ ASYNCPROC_JWT_SECERT: 'x'.repeat(40) }),
+      (error: unknown) =>
+        error instanceof ConfigError &&
+        error.message.includes('ASYNCPROC_JWT_SECERT: not a setting of asyncproc (did you mean ASYNCPROC_JWT_SECRET?)') &&
+        !error.message.includes('x'.repeat(40)),
+    );
+    assert.throws(() => loadConfig({ ASYNCPROC_MAXROWS: '5', PORT: 'eighty' }), (error: Error) => error.message.includes('PORT="eighty"') && /ASYNCPROC_MAXROWS: .*ASYNCPROC_MAX_ROWS/.test(error.message));
+    assert.throws(() => loadConfig({ ASYNCPROC_PORT: '8080' }), /ASYNCPROC_PORT: not a setting of asyncproc \(did you mean PORT\?\)/);
+    assert.throws(() => loadConfig({ ASYNCPROC_QUUX: '1' }), (error: Error) => error.message.endsWith('ASYNCPROC_QUUX: not a setting of asyncproc'));
+    // other variables are the environment's, not ours
+    assert.equal(loadConfig({ ASYNCPROC: '1', NODE_ENV: 'production', ASYNCPROCX: '1' }).PORT, 4000);
+  });
+
+  it('the service port equal to the embedded PostgreSQL port is refused before anything starts', () => {
+    assert.throws(() => loadConfig({ PORT: '5500', ASYNCPROC_EMBEDDED_PORT: '5500' }), /PORT="5500": the embedded PostgreSQL listens on this port/);
+    assert.throws(() => loadConfig({ PORT: '54329' }), /PORT="54329"/);
+    // with a database of its own, or none embedded, the port is free
+    assert.equal(loadConfig({ PORT: '54329', DATABASE_URL: 'postgres://h/db' }).PORT, 54329);
+    assert.equal(loadConfig({ PORT: '5500', ASYNCPROC_EMBEDDED_PORT: '5501' }).PORT, 5500);
   });
 
   it('a bad value stops the service with that message', () => {
