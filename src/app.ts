@@ -76,6 +76,7 @@ function edgeOptions(config: Config): Partial<ServerOptions> {
     introspection: config.ASYNCPROC_INTROSPECTION,
     suggestions: config.ASYNCPROC_SUGGESTIONS,
     corsOrigins: config.ASYNCPROC_CORS_ORIGINS,
+    allowedHosts: config.ASYNCPROC_ALLOWED_HOSTS,
     maxSubscriptionsPerConnection: config.ASYNCPROC_MAX_SUBSCRIPTIONS_PER_CONNECTION,
     maxNodes: config.ASYNCPROC_MAX_NODES,
     maxSseStreamsPerCaller: config.ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER,

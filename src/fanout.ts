@@ -41,6 +41,8 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
     source: AsyncIterable<T>,
     private readonly map: (value: T) => U | Promise<U>,
     private readonly fail: (error: unknown) => unknown = (error) => error,
+    /** Called when the stream ends, however it ends. */
+    private readonly ended?: () => void,
   ) {
     this.iterator = source[Symbol.asyncIterator]();
   }
@@ -57,18 +59,36 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
     this.ending = true;
   }
 
+  /** Set by stopWith: the stream's last value, delivered in place of its next event. */
+  private last: { value: U } | null = null;
+
+  /** Deliver `value` now, a `next` waiting for an event included, as the stream's last value. */
+  stopWith(value: U): void {
+    if (this.ending || this.last) return;
+    this.last = { value };
+    // a waiting next() is answered by the source's end, and delivers `value` instead
+    void this.iterator.return?.();
+  }
+
   async next(): Promise<IteratorResult<U>> {
     if (this.ending) {
       await this.close();
       return { done: true, value: undefined };
     }
+    if (this.last) return this.lastValue();
     let step: IteratorResult<T>;
     try {
       step = await this.iterator.next();
     } catch (error) {
+      if (this.last) return this.lastValue();
+      this.ended?.();
       throw this.fail(error);
     }
-    if (step.done) return { done: true, value: undefined };
+    if (this.last) return this.lastValue();
+    if (step.done) {
+      this.ended?.();
+      return { done: true, value: undefined };
+    }
     try {
       return { done: false, value: await this.map(step.value) };
     } catch (error) {
@@ -87,7 +107,13 @@ class MappedEvents<T, U> implements AsyncGenerator<U> {
     throw error;
   }
 
+  private lastValue(): IteratorResult<U> {
+    this.ending = true;
+    return { done: false, value: this.last!.value };
+  }
+
   private async close(): Promise<void> {
+    this.ended?.();
     await this.iterator.return?.();
   }
 }
@@ -148,6 +174,11 @@ export function useSharedEventExecution(options: {
    * stream ends, over either transport (a revoked API key, a JWT past its `exp`).
    */
   admit?: (context: unknown) => true | Promise<boolean>;
+  /**
+   * Also asked every this many milliseconds of every running stream: a stream whose credentials
+   * lapse while no event comes (an idle SSE stream holds its caller's stream slot) ends then.
+   */
+  recheckMs?: number;
 } = {}): Plugin {
   const { maskError } = options;
   const masked = (result: ExecutionResult): ExecutionResult =>
@@ -155,6 +186,21 @@ export function useSharedEventExecution(options: {
   // an error that ends a stream, as envelop's masking plugin makes it; an aborted request's
   // (a DOMException AbortError or TimeoutError, yoga's own test) stays as it is
   const failure = (error: unknown): unknown => (maskError && !isAbortError(error) ? maskError(error) : error);
+  /** Running streams, each with the check of its credentials that ends it when they lapse (recheckMs). */
+  const running = new Map<MappedEvents<unknown, ExecutionResult>, () => void>();
+  let recheck: NodeJS.Timeout | undefined;
+  const watch = (events: MappedEvents<unknown, ExecutionResult>, check: () => void) => {
+    running.set(events, check);
+    if (!recheck && options.recheckMs) {
+      recheck = setInterval(() => running.forEach((check) => check()), options.recheckMs);
+      recheck.unref();
+    }
+  };
+  const unwatch = (events: MappedEvents<unknown, ExecutionResult>) => {
+    if (!running.delete(events) || running.size) return;
+    clearInterval(recheck);
+    recheck = undefined;
+  };
   const printed = new WeakMap<DocumentNode, string>();
   const results = new WeakMap<object, Map<string, Promise<ExecutionResult> | ExecutionResult>>();
   const shapeOf = (args: ExecutionArgs): string | null => {
@@ -171,11 +217,12 @@ export function useSharedEventExecution(options: {
         if (!isAsyncIterable(source)) return source;
         // worked out at the first event: a subscriber that waits long holds no shape string meanwhile
         let shape: string | null | undefined;
+        const lapsed = (): ExecutionResult => ({
+          errors: [createGraphQLError('your credentials have expired or were revoked: subscribe again with valid ones', { extensions: { code: 'UNAUTHENTICATED' } })],
+        });
         const refused = (): ExecutionResult => {
           events.endAfterThis();
-          return {
-            errors: [createGraphQLError('your credentials have expired or were revoked: subscribe again with valid ones', { extensions: { code: 'UNAUTHENTICATED' } })],
-          };
+          return lapsed();
         };
         const deliver = (event: unknown) => {
           const run = async () =>
@@ -188,11 +235,23 @@ export function useSharedEventExecution(options: {
           if (result === undefined) byShape.set(shape, (result = run()));
           return result;
         };
-        const events = new MappedEvents(source, (event) => {
-          const admitted = options.admit?.(args.contextValue) ?? true;
-          if (admitted === true) return deliver(event);
-          return admitted.then((yes) => (yes ? deliver(event) : refused()));
-        }, failure);
+        const events: MappedEvents<unknown, ExecutionResult> = new MappedEvents(
+          source,
+          (event) => {
+            const admitted = options.admit?.(args.contextValue) ?? true;
+            if (admitted === true) return deliver(event);
+            return admitted.then((yes) => (yes ? deliver(event) : refused()));
+          },
+          failure,
+          () => unwatch(events),
+        );
+        if (options.admit && options.recheckMs) {
+          const { admit } = options;
+          watch(events, () => {
+            const admitted = admit(args.contextValue);
+            if (admitted !== true) void admitted.then((yes) => yes || events.stopWith(lapsed()));
+          });
+        }
         const holder = (args.contextValue as Record<symbol, EventsHolder> | null)?.[SHARED_EVENTS];
         if (holder) holder.events = events;
         return events;

@@ -10,7 +10,7 @@ import type { Principal } from './auth/principal.js';
 import { useMutationRateLimit, type RateLimiter } from './auth/rateLimit.js';
 import type { CompletionHub } from './completionHub.js';
 import { useBodyLimit } from './edge/bodyLimit.js';
-import { corsOptions, useCrossSiteRequestPrevention, webSocketOriginAllowed } from './edge/crossSite.js';
+import { corsOptions, HOST_REFUSED, hostAllowed, useCrossSiteRequestPrevention, webSocketOriginAllowed } from './edge/crossSite.js';
 import { useInputHygiene } from './edge/inputHygiene.js';
 import { useOneSubmissionPerOperation } from './edge/oneSubmission.js';
 import { useGetParameterCheck, useHttpOperations, useShortParserErrors } from './edge/httpOperations.js';
@@ -51,6 +51,8 @@ export interface ServerOptions {
   suggestions?: boolean;
   /** Origins allowed cross-origin (`*`: any). @default closed when authRequired, yoga's default otherwise */
   corsOrigins?: string[];
+  /** With authentication off, the host names served besides IP addresses and localhost (`*`: any; hostAllowed). */
+  allowedHosts?: string[];
   /** Depth, alias, token, directive and cost limits of every operation. */
   operationLimits?: Partial<OperationLimits>;
   /** Subscriptions one graphql-ws connection may hold. @default 100 */
@@ -103,13 +105,19 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
   const masking = (error: unknown, message: string): Error => {
     if (!suggestions) hideSuggestions(error);
     const original = error instanceof GraphQLError ? error.originalError : error;
-    if (original instanceof EngineError) {
-      return createGraphQLError(original.message, {
-        extensions: { code: original.code },
-        path: error instanceof GraphQLError ? error.path : undefined,
-      });
-    }
+    const path = error instanceof GraphQLError ? error.path : undefined;
+    if (original instanceof EngineError) return createGraphQLError(original.message, { extensions: { code: original.code }, path });
     if (!(original instanceof GraphQLError) && original !== undefined) {
+      // the database out of reach or restarting, a connection cut: no bug, and the client may try
+      // again (it was "Unexpected error.", which a client cannot tell from one)
+      if (engine.isTransient(original)) {
+        logger.warn({ err: original }, 'database unavailable for a request');
+        return createGraphQLError(
+          'the database could not answer just now (unreachable, restarting, or the connection was cut): try again shortly; ' +
+            'a mutation answered so may or may not have been committed, so look for what it made before sending it again',
+          { extensions: { code: 'SERVICE_UNAVAILABLE', http: { status: 503 } }, path },
+        );
+      }
       logger.error({ err: original }, 'unexpected error (masked)');
     }
     return maskError(error, message, false);
@@ -175,6 +183,8 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
         maskError: (error) => masking(error, 'Unexpected error.') as GraphQLError,
         // a running stream ends when its credentials lapse (a revoked API key, a JWT past its exp)
         admit: (context) => auth.stillValid((context as Context).principal),
+        // also while no event comes (credentials that can lapse: authentication required, as closeLapsed)
+        recheckMs: auth.required ? RECHECK_MS : undefined,
       }),
       ...(options.rateLimit ? [useMutationRateLimit(options.rateLimit)] : []),
     ],
@@ -185,7 +195,15 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
 export async function startServer(options: ServerOptions & { port: number; host?: string }): Promise<RunningServer> {
   const metrics = options.metrics === false ? undefined : new ServiceMetrics({ engine: options.engine, hub: options.hub, logger: options.logger });
   const yoga = createYogaApp(options, metrics);
-  const server = createHttpServer(yoga);
+  // with authentication off, only names no other site controls (hostAllowed); a probe of
+  // liveness or readiness by any name (they act on nothing and tell nothing of the work)
+  const served = (req: IncomingMessage) =>
+    options.auth.required || hostAllowed(headerOf(req, 'host') ?? undefined, options.allowedHosts) || /^\/(health|ready)(\?|$)/.test(req.url ?? '');
+  const server = createHttpServer((req, res) => {
+    if (served(req)) return void yoga(req, res);
+    res.writeHead(HOST_REFUSED.status, { 'content-type': 'application/json; charset=utf-8' });
+    res.end(JSON.stringify({ errors: [{ message: HOST_REFUSED.message, extensions: { code: 'HOST_NOT_ALLOWED' } }] }));
+  });
   // listen before the WebSocket server attaches: it would report a busy port as its own "internal error"
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
@@ -199,9 +217,11 @@ export async function startServer(options: ServerOptions & { port: number; host?
     path: yoga.graphqlEndpoint,
     // a page of another site may not open a socket (webSocketOriginAllowed): 403 before any message
     verifyClient: ({ origin, req }: { origin?: string; req: IncomingMessage }, done: (allowed: boolean, status?: number, message?: string) => void) =>
-      webSocketOriginAllowed(origin, [headerOf(req, 'host') ?? undefined, headerOf(req, 'x-forwarded-host') ?? undefined], options.corsOrigins)
-        ? done(true)
-        : done(false, 403, 'this origin may not open a socket here (ASYNCPROC_CORS_ORIGINS)'),
+      !served(req)
+        ? done(false, HOST_REFUSED.status, HOST_REFUSED.message)
+        : webSocketOriginAllowed(origin, [headerOf(req, 'host') ?? undefined, headerOf(req, 'x-forwarded-host') ?? undefined], options.corsOrigins)
+          ? done(true)
+          : done(false, 403, 'this origin may not open a socket here (ASYNCPROC_CORS_ORIGINS)'),
     maxPayload: options.maxBodyBytes ?? 1024 * 1024,
     WebSocket: coalescingWrites(socketClass(options.logger)),
   });

@@ -120,12 +120,18 @@ describe('authentication', () => {
     const cases: [string, string, RegExp][] = [
       ['forged', await token('eve', ['admin'], {}, 'another-secret-of-at-least-thirty-two-chars'), /signature/],
       ['expired', await token('alice', [], { expiresIn: '-1m' }), /expired/],
+      // within the clock tolerance kept for "nbf" and "iat": its sockets were closed, yet HTTP took it for 5 s more
+      ['expired 2 s ago', await token('alice', [], { expiresIn: '-2s' }), /expired/],
       ['wrong audience', await token('alice', [], { aud: 'someone-else' }), /aud/],
       ['wrong issuer', await token('alice', [], { iss: 'https://evil.test' }), /iss/],
       ['alg none', unsigned, /none/],
       ['no subject', await token(undefined), /sub/],
       // stored as U+FFFD, the caller would then not own its own calls
       ['a lone surrogate in the subject', await token('me\ud800'), /sub/],
+      // each reads as alice wherever an admin sees `submittedBy`, and is another caller
+      ['DEL in the subject', await token('alice\u007f'), /sub/],
+      ['a zero-width space in the subject', await token('ali\u200bce'), /sub/],
+      ['a right-to-left override in the subject', await token('\u202eecila'), /sub/],
       ['garbage', 'not-a-token', /malformed/],
       // good for ever once leaked, and a JWT cannot be revoked
       ['no exp', await token('alice', [], { expiresIn: null }), /"exp"/],
@@ -543,6 +549,32 @@ describe('credentials that lapse while a socket or a stream is open', () => {
     assert.ok(!ws.messages.some((m) => m.id === 'q2' && m.type === 'next'), JSON.stringify(ws.messages));
     const keys = await t.gql(`{ apiKeys { name } }`, {}, admin);
     assert.ok(!keys.body.data.apiKeys.some((k: { name: string }) => k.name === 'made-after-revoke'), 'no key was made');
+  });
+
+  it('an SSE stream that hears nothing ends within seconds of its credentials lapsing, told why (a revoked API key, a JWT past its exp)', async () => {
+    // idle streams: a filter nothing matches; before, they stayed open (each holding a slot of its caller's SSE streams)
+    const idle = 'subscription { executionEvents(filter: { procedure: "demo.nothing-runs-this" }) { status } }';
+    const key = await newKey('lapsing-idle', ['operator']);
+    const shortLived = await token('alice', [], { expiresIn: '3s' });
+    const hubBefore = t.app.hub!.size;
+    const streams = [`ApiKey ${key.secret}`, `Bearer ${shortLived}`].map((authorization) => {
+      const seen: any[] = [];
+      const ended = (async () => {
+        for await (const event of t.sse({ authorization }).iterate({ query: idle })) seen.push({ event, at: Date.now() });
+      })().catch((error) => seen.push({ thrown: error, at: Date.now() }));
+      return { seen, ended };
+    });
+    await waitFor(async () => t.app.hub!.size >= hubBefore + 2, 5_000, 'both streams to begin');
+    const revokedAt = Date.now();
+    await t.gql(`mutation($id: ID!) { revokeApiKey(id: $id) { apiKey { revokedAt } } }`, { id: key.id }, admin);
+    for (const [i, stream] of streams.entries()) {
+      await Promise.race([stream.ended, sleep(8_000)]);
+      const last = stream.seen.at(-1);
+      const told = last?.event?.errors?.[0] ?? last?.thrown?.[0] ?? last?.thrown;
+      assert.equal(told?.extensions?.code, 'UNAUTHENTICATED', `stream ${i}: ${JSON.stringify(stream.seen)}`);
+      assert.ok(last.at - revokedAt < 6_000, `stream ${i} ended ${last.at - revokedAt} ms after the revocation`);
+    }
+    await waitFor(async () => t.app.hub!.size === hubBefore, 5_000, 'the hub to let both streams go');
   });
 
   it('a JWT past its exp: its open socket is closed 4403, its running subscription ends', async () => {

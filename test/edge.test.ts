@@ -304,6 +304,55 @@ describe('cross-site requests', () => {
     assert.deepEqual(await upgrade(t.url, { origin: 'https://asyncproc.example.com', 'x-forwarded-host': 'asyncproc.example.com' }), { ack: true }, 'behind a proxy that names the host it was asked for');
     assert.deepEqual(await upgrade(t.url, {}), { ack: true }, 'a client that is not a browser sends no Origin');
   });
+
+  /** A JSON POST of `query` to `url` naming `host` in its Host header (what a browser sends after a rebinding of that name). */
+  const postAs = (url: string, host: string, query: string, headers: Record<string, string> = {}) =>
+    new Promise<{ status: number; body: any }>((resolve, reject) => {
+      const body = JSON.stringify({ query });
+      const req = httpRequest(url, { method: 'POST', headers: { host, 'content-type': 'application/json', origin: `http://${host}`, ...headers } }, (res) => {
+        let text = '';
+        res.on('data', (chunk) => (text += chunk));
+        res.on('end', () => resolve({ status: res.statusCode!, body: JSON.parse(text) }));
+      });
+      req.on('error', reject);
+      req.end(body);
+    });
+
+  it('with authentication off, a host name another site could point at the service (DNS rebinding) is refused over HTTP and graphql-ws and changes nothing; IP addresses, localhost and listed names are served', async () => {
+    const port = new URL(t.url).port;
+    const before = await total('demo.record');
+    for (const host of [`evil.example:${port}`, `EVIL.example:${port}`, 'evil.example', `127.0.0.1.nip.io:${port}`]) {
+      const { status, body } = await postAs(t.url, host, mutation);
+      assert.equal(status, 403, `${host}: ${JSON.stringify(body)}`);
+      assert.equal(body.errors[0].extensions.code, 'HOST_NOT_ALLOWED', host);
+      // the page's own origin, as it is after the rebinding
+      assert.deepEqual(await upgrade(t.url, { host, origin: `http://${host}` }), { ack: false, status: 403 }, host);
+    }
+    assert.equal(await total('demo.record'), before, 'nothing enqueued');
+    // a container's probes may name the service as they like: liveness and readiness tell nothing of the work
+    for (const path of ['/health', '/ready']) {
+      const status = await new Promise<number>((resolve, reject) =>
+        httpRequest(new URL(path, t.url), { headers: { host: 'asyncproc:4000' } }, (res) => (res.resume(), resolve(res.statusCode!))).on('error', reject).end(),
+      );
+      assert.equal(status, 200, path);
+    }
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `app.localhost:${port}`, `[::1]:${port}`, `10.1.2.3:${port}`]) {
+      assert.equal((await postAs(t.url, host, '{ changeCursor }')).status, 200, host);
+      assert.deepEqual(await upgrade(t.url, { host, origin: `http://${host}` }), { ack: true }, host);
+    }
+    const listed = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_ALLOWED_HOSTS: 'devbox.internal, Other.Example' }, log.logger);
+    const secured = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_JWT_SECRET: 'x'.repeat(40) }, log.logger);
+    try {
+      for (const host of ['devbox.internal', `other.example:${new URL(listed.url).port}`]) assert.equal((await postAs(listed.url, host, '{ changeCursor }')).status, 200, host);
+      assert.equal((await postAs(listed.url, 'evil.example', '{ changeCursor }')).status, 403, 'a name not listed');
+      // with authentication on, a rebound page has no credentials of the user's to send: any name is served
+      const anonymous = await postAs(secured.url, 'evil.example', '{ changeCursor }');
+      assert.equal(anonymous.body.errors?.[0]?.extensions?.code, 'UNAUTHENTICATED', JSON.stringify(anonymous.body));
+    } finally {
+      await listed.stop();
+      await secured.stop();
+    }
+  });
 });
 
 describe('subscriptions per graphql-ws connection', () => {

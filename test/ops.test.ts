@@ -222,6 +222,13 @@ describe('/ready', () => {
       assert.equal(down.body.checks.migrations.ok, null, 'the schema is not known, not missing');
       assert.equal(down.body.status, 'unready');
       assert.equal((await fetch(`${url}/health`)).status, 200, 'liveness is not readiness');
+      // a request meanwhile is told the database is away, with a code a client can retry on (it was "Unexpected error.")
+      for (const query of ['{ executions(first: 1) { totalCount } }', 'mutation { invoke(input: { procedure: "demo.noop", arguments: {} }) { execution { token } } }']) {
+        const { status, body } = await app.gql(query);
+        assert.equal(status, 503, JSON.stringify(body));
+        assert.equal(body.errors?.[0]?.extensions?.code, 'SERVICE_UNAVAILABLE', JSON.stringify(body));
+        assert.match(body.errors[0].message, /try again/);
+      }
       // away long enough for the listener to try again several times (100, 200, 400, 800 ms, …)
       await sleep(3000);
       await other.cluster.server.start();

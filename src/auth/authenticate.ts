@@ -17,7 +17,7 @@ export const USER_HEADER = 'x-asyncproc-user';
 function developmentUser(user: string | null | undefined): string | null {
   if (typeof user !== 'string' || user === '') return null;
   if (!usableSubject(user)) {
-    throw new AuthenticationError('invalid', `${USER_HEADER} must be at most 256 characters of text (no control characters)`);
+    throw new AuthenticationError('invalid', `${USER_HEADER} must be at most 256 characters of text (no control or invisible format characters)`);
   }
   return user;
 }

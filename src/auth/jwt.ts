@@ -6,11 +6,13 @@ import { textProblem } from '../schema/input.js';
 
 /**
  * Whether a caller's identity (a JWT's `sub`, the development-mode x-asyncproc-user) can be
- * recorded as `submittedBy` as it is: 1–256 characters, no control character, no lone
+ * recorded as `submittedBy` as it is: 1–256 characters, no control or invisible format character, no lone
  * surrogate (stored as U+FFFD, the caller would no longer own its own calls).
  */
 export function usableSubject(subject: unknown): subject is string {
-  return typeof subject === 'string' && subject !== '' && subject.length <= 256 && !/[\u0000-\u001f]/.test(subject) && !textProblem(subject) && !apiKeySubject(subject);
+  // control characters (C0, DEL, C1) and invisible format ones (zero-width, bidi overrides, soft
+  // hyphen): "alice\u200b" or "alice\u007f" reads as alice wherever an admin sees `submittedBy`
+  return typeof subject === 'string' && subject !== '' && subject.length <= 256 && !/[\p{Cc}\p{Cf}]/u.test(subject) && !textProblem(subject) && !apiKeySubject(subject);
 }
 
 /**
@@ -100,6 +102,9 @@ export class JwtVerifier {
     } catch (error) {
       throw toTokenError(error);
     }
+    // the clock tolerance is for "nbf" and "iat" (an issuer whose clock runs ahead): past its "exp",
+    // a token is refused at once, as its open sockets and streams are ended then (stillValid)
+    if (typeof payload.exp === 'number' && payload.exp * 1000 <= Date.now()) throw new TokenError('the token has expired');
     if (typeof payload.sub === 'string' && apiKeySubject(payload.sub)) {
       throw new TokenError('the token\'s "sub" may not start with "apikey:", the identities of API keys');
     }

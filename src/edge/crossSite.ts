@@ -1,5 +1,6 @@
 import { useCSRFPrevention } from '@graphql-yoga/plugin-csrf-prevention';
 import { createGraphQLError, type Plugin, type YogaServerOptions } from 'graphql-yoga';
+import { isIP } from 'node:net';
 
 /**
  * Headers a browser sends cross-site only after a CORS preflight; any one of them (or a JSON content type)
@@ -68,3 +69,32 @@ export function webSocketOriginAllowed(origin: string | undefined, hosts: readon
   }
   return hosts.some((candidate) => candidate !== undefined && candidate.split(',')[0].trim().toLowerCase() === host.toLowerCase());
 }
+
+/**
+ * Whether a request naming `host` (its Host header) may be served while authentication is off,
+ * when every caller is an administrator. A page of any site can make its own name resolve to
+ * this machine (DNS rebinding): the browser then takes the service for that site's origin, and
+ * neither CORS nor the origin checks above stop the page from driving it. So the name must be
+ * one no other site controls: an IP address, `localhost` (and `*.localhost`), or one of
+ * `allowed` (ASYNCPROC_ALLOWED_HOSTS; `*`: any). No Host at all (not a browser): served.
+ */
+export function hostAllowed(host: string | undefined, allowed: readonly string[] | undefined): boolean {
+  if (host === undefined || allowed?.includes('*')) return true;
+  let name: string;
+  try {
+    name = new URL(`http://${host}`).hostname.toLowerCase();
+  } catch {
+    return false;
+  }
+  if (isIP(name.replace(/^\[(.*)\]$/, '$1')) !== 0) return true;
+  if (name === 'localhost' || name.endsWith('.localhost')) return true;
+  return allowed?.some((candidate) => candidate.toLowerCase() === name) ?? false;
+}
+
+/** The answer to a request hostAllowed refused: 403, as a GraphQL error (HOST_NOT_ALLOWED). */
+export const HOST_REFUSED = {
+  status: 403,
+  message:
+    'this host name may not reach the service while authentication is off (a page of another site could make its name point here): ' +
+    'use localhost or an IP address, list the name in ASYNCPROC_ALLOWED_HOSTS, or turn authentication on',
+};
