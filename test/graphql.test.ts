@@ -234,6 +234,15 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
       });
       return { status: response.status, body: await response.json() };
     });
+    // a literal a double holds only rounded: it reached the procedure as 9007199254740992, or 0.30000000000000004 as 0.3
+    for (const literal of ['9007199254740993', '0.300000000000000000001', '123456789.123456789123']) {
+      const rounded = await t.gql(`mutation { invoke(input: { procedure: "demo.echo_money", arguments: { amount: ${literal} } }) { execution { token } } }`);
+      assert.equal(rounded.body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', literal);
+      assert.match(rounded.body.errors[0].message, /would be rounded .*send it as a string/, literal);
+    }
+    // as a string it arrives exact
+    const exact = await t.gql(`mutation { invoke(input: { procedure: "demo.echo_money", arguments: { amount: "123456789.1234" } }) { execution { token } } }`);
+    assert.equal(exact.body.errors, undefined, JSON.stringify(exact.body.errors));
     // one a double holds goes through, intact: here to the procedure's own check (a is an integer)
     const large = await t.gql(`mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1e300, b: 1 } }) { execution { token } } }`);
     assert.equal(large.body.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(large.body.errors));

@@ -48,8 +48,8 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 4, sha256: 'd9f83e11fda34edc3d80e726206d105c2dd6b821f105676122b262c5e83f0247' },
-  'mssql/procedures': { revision: 4, sha256: 'f4d073b5d648879c11ed84d7b5851e52992185aa1363469fd7ae4bf7e544dfa7' },
+  'postgres/routines': { revision: 5, sha256: 'b18bea204510348c7e23027a09809aca005b8ffc08223ad6e01a12cdd05f317a' },
+  'mssql/procedures': { revision: 5, sha256: '9df9c570408f7f53e5fdc526db240fc7056cbd3ec77537e045c362922fa15677' },
 };
 
 describe('routines revision', () => {

@@ -807,6 +807,10 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
         { ...base, arguments: { a: 1n, b: 2 } },
         { ...base, arguments: { a: 1, b: 2, note: 'half a pair \ud800' } },
         { ...base, arguments: { a: 1, b: 2, note: 'nul \u0000' } },
+        // JSON.stringify writes these as null: the call ran with NULL arguments and succeeded
+        { ...base, arguments: { a: NaN, b: 2 } },
+        { ...base, arguments: { a: 1, b: Infinity } },
+        { ...base, arguments: { a: 1, b: 2, list: [1, -Infinity] } },
         null,
       ]) {
         await engine.invoke(tx, call as never).then(
@@ -820,7 +824,7 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
     });
     assert.deepEqual(codes, [
       'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT', 'BAD_USER_INPUT',
-      'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'BAD_USER_INPUT',
+      'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'INVALID_ARGUMENTS', 'BAD_USER_INPUT',
     ]);
   });
 

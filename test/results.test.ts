@@ -42,6 +42,25 @@ before(async () => {
     create procedure billing.charge(amount int, out receipt text) language sql as $$ select 'paid ' || amount $$;
     create procedure billing.on_day(d date, days date[], at timestamptz, out d_out date, out days_out date[], out at_out timestamptz)
       language plpgsql as $$ begin d_out := d; days_out := days; at_out := at; end $$;
+    create type billing.money_pair as (amount int, label text);
+    create domain billing.checked_pair as billing.money_pair check ((value).amount >= 0);
+    create function billing.pair_of(a int) returns billing.checked_pair language sql as $$ select row(a, 'n' || a)::billing.checked_pair $$;
+    create domain billing.doc as jsonb check (jsonb_typeof(value) = 'object');
+    create domain billing.any_doc as jsonb;
+    -- what arrived, each value with its type and its text
+    create function billing.seen(docs jsonb[] default null, doc billing.doc default null, plain jsonb default null, grid int[] default null,
+                                  loose billing.any_doc default null,
+                                  out docs_out text, out doc_out text, out plain_out text, out grid_out text, out loose_out text)
+      language plpgsql as $$ begin
+        docs_out := pg_typeof(docs) || ' ' || docs::text; doc_out := doc::text; plain_out := plain::text; grid_out := grid::text;
+        loose_out := loose::text;
+      end $$;
+    create function billing.total(variadic parts int[]) returns int language sql as $$ select sum(p)::int from unnest(parts) p $$;
+    create function billing.ov(x integer) returns text language sql as $$ select 'integer ' || x $$;
+    create function billing.ov(x text) returns text language sql as $$ select 'text ' || x $$;
+    create schema "billing.x";
+    create function "billing.x".y() returns int language sql as $$ select 1 $$;
+    create function billing."x.y"() returns int language sql as $$ select 2 $$;
   `);
   for (const routine of [
     'billing.pair',
@@ -55,6 +74,9 @@ before(async () => {
     'billing.refuse',
     'billing.charge',
     'billing.on_day',
+    'billing.pair_of',
+    'billing.seen',
+    'billing.total',
   ]) {
     await sql.query(`select asyncproc.register(to_regproc($1)::oid::regprocedure)`, [routine]);
   }
@@ -315,5 +337,98 @@ describe('relative dates and times', () => {
     assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
     assert.equal(done.result.outputParameters.d_out, rows[0].yesterday);
     assert.equal(Date.parse(done.result.outputParameters.at_out), at, 'the moment of submit, not of the run');
+  });
+});
+
+describe('values that arrive as they were sent, or are refused (a probe found each changed or failing late)', () => {
+  it('a function returning a domain over a composite type returns every field, not the first one alone', async () => {
+    const done = await run('billing.pair_of', { a: 7 });
+    assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+    assert.deepEqual(done.result.outputParameters, { amount: 7, label: 'n7' });
+    assert.equal(done.result.returnValue, null);
+  });
+
+  it('json values stay what they are in a jsonb[] and in a domain over jsonb: a string is not read again as JSON', async () => {
+    const done = await run('billing.seen', { docs: ['1', { a: 1 }, '{"b":2}', null], doc: { c: [1, '2'] }, plain: '{"d":3}', loose: '{"e":5}' });
+    assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+    const out = done.result.outputParameters;
+    // before: {1,…} and objects refused; the domain's string became an object
+    assert.equal(out.docs_out, 'jsonb[] {"\\"1\\"","{\\"a\\": 1}","\\"{\\\\\\"b\\\\\\":2}\\"",NULL}');
+    assert.equal(out.doc_out, '{"c": [1, "2"]}');
+    assert.equal(out.plain_out, '"{\\"d\\":3}"');
+    assert.equal(out.loose_out, '"{\\"e\\":5}"', 'a string, as sent (it became an object)');
+    // the domain's constraint is checked at submit: a string is no object
+    const refused = await invoke({ procedure: 'billing.seen', arguments: { doc: '{"c":1}' } });
+    assert.equal(refused.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(refused));
+  });
+
+  it("an array given as PostgreSQL's array text arrives (a multi-dimensional one too) instead of failing every attempt", async () => {
+    for (const [grid, text] of [['{1,2,3}', '{1,2,3}'], ['{{1,2},{3,4}}', '{{1,2},{3,4}}'], [[5, null, 6], '{5,NULL,6}']] as const) {
+      const done = await run('billing.seen', { grid });
+      assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+      assert.equal(done.result.outputParameters.grid_out, text);
+    }
+    const refused = await invoke({ procedure: 'billing.seen', arguments: { grid: '{1,x}' } });
+    assert.equal(refused.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', 'not an integer array: refused at submit');
+  });
+
+  it('a VARIADIC parameter takes its array', async () => {
+    const done = await run('billing.total', { parts: [1, 2, 39] });
+    assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+    assert.equal(done.result.returnValue, 42);
+  });
+
+  it('registering another overload of a name is refused while calls of the registered one wait; they run the routine they were checked against', async () => {
+    const register = (signature: string) => t.gql(`mutation($n: String!) { registerProcedure(input: { name: $n }) { procedure { name } } }`, { n: signature });
+    assert.equal((await register('billing.ov(integer)')).body.errors, undefined);
+    const waiting = await invoke({ procedure: 'billing.ov', arguments: { x: 5 }, runAt: new Date(Date.now() + 1500).toISOString() });
+    assert.equal(waiting.errors, undefined, JSON.stringify(waiting.errors));
+    const refused = await register('billing.ov(text)');
+    assert.equal(refused.body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(refused.body));
+    assert.match(refused.body.errors[0].message, /billing\.ov\(integer\).*have not ended/);
+    const done = await finished(waiting.data.invoke.execution.token);
+    assert.equal(done.result.returnValue, 'integer 5', 'before: text 5');
+    // with none waiting, the other overload replaces it
+    assert.equal((await register('billing.ov(text)')).body.errors, undefined);
+    assert.equal((await run('billing.ov', { x: 'five' })).result.returnValue, 'text five');
+
+    // a routine created anew with another parameter (a migration: the old one is gone) is registered again at once
+    await sql.query(`create function billing.grows(n int) returns text language sql as $$ select 'old ' || n $$;
+      select asyncproc.register('billing.grows(int)');`);
+    const queued = await invoke({ procedure: 'billing.grows', arguments: { n: 1 }, runAt: new Date(Date.now() + 1500).toISOString() });
+    await sql.query(`drop function billing.grows(int);
+      create function billing.grows(n int, unit text default 'kg') returns text language sql as $$ select 'new ' || n || unit $$;`);
+    const again = await register('billing.grows(int, text)');
+    assert.equal(again.body.errors, undefined, JSON.stringify(again.body));
+    const ran = await finished(queued.data.invoke.execution.token);
+    assert.deepEqual([ran.status, ran.result?.returnValue], ['SUCCEEDED', 'new 1kg'], 'the waiting call runs the new routine, its default for the rest');
+  });
+
+  it('a routine whose schema or name holds a dot is refused: "billing.x".y and billing."x.y" were both billing.x.y, the later one silently in place of the other', async () => {
+    for (const routine of ['"billing.x".y()', 'billing."x.y"()']) {
+      const { body } = await t.gql(`mutation($n: String!) { registerProcedure(input: { name: $n }) { procedure { name } } }`, { n: routine });
+      assert.equal(body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', `${routine}: ${JSON.stringify(body)}`);
+    }
+    const { rows } = await sql.query(`select name from asyncproc.procedures where name = 'billing.x.y'`);
+    assert.equal(rows.length, 0);
+  });
+
+  it("dates and times are read in the submitting session (its TimeZone and DateStyle), not in the worker's", async () => {
+    // a SQL caller of its own, in Tokyo, day first
+    await sql.query(`set timezone = 'Asia/Tokyo'; set datestyle = 'ISO, DMY'`);
+    try {
+      const { rows } = await sql.query<{ token: string; arguments: { d: string; at: string } }>(
+        `select token::text, arguments from asyncproc.submit('billing.on_day', '{"d": "01/02/2024", "days": ["03/02/2024"], "at": "2024-06-01 12:00"}'::jsonb)`,
+      );
+      assert.deepEqual(rows[0].arguments, { d: '2024-02-01', days: ['2024-02-03'], at: '2024-06-01T12:00:00+09:00' }, 'recorded as read here');
+      const done = await finished(rows[0].token);
+      assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+      // before: 2 January, and noon UTC (9 hours off)
+      assert.equal(done.result.outputParameters.d_out, '2024-02-01');
+      assert.deepEqual(done.result.outputParameters.days_out, ['2024-02-03']);
+      assert.equal(Date.parse(done.result.outputParameters.at_out), Date.parse('2024-06-01T03:00:00Z'));
+    } finally {
+      await sql.query(`reset timezone; reset datestyle`);
+    }
   });
 });

@@ -322,7 +322,8 @@ describe('schedules on PostgreSQL', () => {
 
   it('a fire of a procedure unregistered since fails visibly, as a FAILED execution of the schedule', async () => {
     await sql.query(`create procedure public.gone(x integer) language plpgsql as $$ begin end $$`);
-    await engine.registerProcedure('public.gone');
+    await engine.configureQueue('gone-queue', 1);
+    await engine.registerProcedure('public.gone', { queue: 'gone-queue' });
     const name = 'gone';
     const schedule = await engine.createSchedule({ name, procedure: 'public.gone', arguments: { x: 1 }, cron: '0 0 1 1 *' });
     await engine.unregisterProcedure('public.gone');
@@ -330,8 +331,9 @@ describe('schedules on PostgreSQL', () => {
     assert.equal(fired.length, 1);
     const page = await engine.listExecutions({ schedule: name }, { first: 10 });
     assert.deepEqual(
-      page.items.map((e) => [e.token, e.status, e.error?.number]),
-      [[fired[0].token, 'FAILED', 'AP001']],
+      page.items.map((e) => [e.token, e.status, e.error?.number, e.queue]),
+      // in the procedure's queue, where its calls are (it was put in 'default')
+      [[fired[0].token, 'FAILED', 'AP001', 'gone-queue']],
     );
     assert.match(page.items[0].error!.message, /not registered/);
     assert.ok((await engine.getSchedule(name))!.nextRunAt! > schedule.nextRunAt!, 'and the schedule moved on');

@@ -2,22 +2,28 @@ import { GraphQLError, Kind, visit, type DocumentNode, type ExecutionResult } fr
 import { isAsyncIterable, type Plugin } from 'graphql-yoga';
 import { userError } from '../schema/errors.js';
 import { MAX_JSON_DEPTH, checkJsonValue, checkText } from '../schema/input.js';
+import { isExactNumber } from '../engines/exactJson.js';
 
 /** Every string literal of the document, and the nesting of its object and list literals. */
 function checkDocument(document: DocumentNode): void {
   let depth = 0;
   visit(document, {
     StringValue: (node) => void checkText(node.value, 'a string in the query'),
-    // a literal beyond a double (1e400, or 400 digits) would be Infinity, stored as null without a word
-    FloatValue: (node) => void finite(node.value),
-    IntValue: (node) => void finite(node.value),
+    // a literal beyond a double (1e400, or 400 digits) would be Infinity, stored as null without a word;
+    // one a double holds only rounded (9007199254740993) would reach the procedure changed
+    FloatValue: (node) => void exact(node.value),
+    IntValue: (node) => void exact(node.value),
     ObjectValue: { enter: () => void nest(++depth), leave: () => void depth-- },
     ListValue: { enter: () => void nest(++depth), leave: () => void depth-- },
   });
 }
 
-function finite(literal: string): void {
-  if (!Number.isFinite(Number(literal))) throw userError('BAD_USER_INPUT', `the number ${literal.slice(0, 40)}${literal.length > 40 ? '…' : ''} in the query is beyond what a double can hold`);
+function exact(literal: string): void {
+  const shown = `${literal.slice(0, 40)}${literal.length > 40 ? '…' : ''}`;
+  if (!Number.isFinite(Number(literal))) throw userError('BAD_USER_INPUT', `the number ${shown} in the query is beyond what a double can hold`);
+  if (!isExactNumber(literal)) {
+    throw userError('BAD_USER_INPUT', `the number ${shown} in the query would be rounded (a double holds it only approximately): send it as a string, "${shown}"`);
+  }
 }
 
 function nest(depth: number): void {
@@ -51,7 +57,7 @@ function refusal(error: unknown): { errors: GraphQLError[] } {
 /**
  * Odd input is bad input, for every argument of every operation on every transport, checked once before it
  * executes: no string (variable or literal, key or value, at any depth) may hold a NUL or a lone surrogate,
- * no number may be beyond a double (Infinity), and no value may nest deeper than MAX_JSON_DEPTH. A refused operation gets BAD_USER_INPUT and runs nothing.
+ * no number may be beyond a double (Infinity), no number literal may be one a double holds only rounded, and no value may nest deeper than MAX_JSON_DEPTH. A refused operation gets BAD_USER_INPUT and runs nothing.
  * Checks that need a field's meaning (runAt's range, a page cursor's) stay with the field, in schema/input.ts.
  */
 export function useInputHygiene(): Plugin {

@@ -13,7 +13,7 @@ export const InvokeInput = builder.inputType('InvokeInput', {
       type: 'JSON',
       required: false,
       description:
-        'Arguments keyed by parameter name. Send bigint values beyond ±(2^53−1) and numerics with more digits than a double keeps as strings (`"9007199254740993"`): a JSON number that large reaches the service already rounded. Relative dates and times ("today", "now", …) are resolved when the call is submitted (PostgreSQL; SQL Server takes ISO 8601 dates and times only).',
+        'Arguments keyed by parameter name. Send bigint values beyond ±(2^53−1) and numerics with more digits than a double keeps as strings (`"9007199254740993"`): a JSON number that large in the variables reaches the service already rounded, and one written in the query is refused (BAD_USER_INPUT). Relative dates and times ("today", "now", …) are resolved when the call is submitted (PostgreSQL; SQL Server takes ISO 8601 dates and times only).',
     }),
     queue: t.string({ required: false, description: "Defaults to the procedure's queue." }),
     runAt: t.field({ type: 'DateTime', required: false, description: 'Not started before this instant.' }),

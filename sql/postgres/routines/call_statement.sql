@@ -39,7 +39,9 @@ begin
   kind := target.prokind;
 
   -- every OUT and INOUT parameter is an output, also an INOUT one left to its default
-  select string_agg(format('%I => %s', pa.name,
+  -- a VARIADIC parameter is given its whole array, so marked (`VARIADIC name => array`: without
+  -- the mark, PostgreSQL looks for a routine whose last parameter is the element type, and finds none)
+  select string_agg(format('%s%I => %s', case when pa.mode = 'VARIADIC' then 'VARIADIC ' else '' end, pa.name,
                       case when pa.mode = 'OUT' then format('null::%s', pa.type_name)
                            else asyncproc.argument_expression(pa.name, pa.type_oid) end), ', ' order by pa.position)
            filter (where (pa.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? pa.name)
@@ -61,8 +63,9 @@ begin
                            from (select row_number() over () as n, t from (select * from %2$s(%3$s)) t) r',
                         row_cap, target.name, args_sql);
   else
-    -- one row: its columns are the OUT parameters (or a composite's fields), else the one return value
-    composite := outputs is not null or (select typtype = 'c' from pg_type where oid = target.prorettype);
+    -- one row: its columns are the OUT parameters (or a composite's fields, a domain over a
+    -- composite type's too: FROM expands it as well), else the one return value
+    composite := outputs is not null or (select typtype = 'c' from pg_type where oid = asyncproc.base_type(target.prorettype));
     statement := format('select jsonb_build_object(''returnValue'', %s, ''outputParameters'', %s,
                                   ''rows'', null, ''rowCount'', null, ''truncated'', false) as outcome
                            from (select * from %s(%s)) t',

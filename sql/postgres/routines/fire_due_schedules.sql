@@ -53,10 +53,13 @@ begin
         started := asyncproc.submit(s.procedure, s.arguments, s.queue, fire.due, s.max_attempts, s.created_by);
         perform set_config('TimeZone', zone, true);
       exception when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' then
-        -- a procedure unregistered (or changed) since the schedule was made fails visibly: a FAILED execution
+        -- a procedure unregistered (or changed) since the schedule was made fails visibly: a FAILED execution,
+        -- in the queue its call would have had (the schedule's, else the procedure's registered one)
         insert into asyncproc.executions (procedure, arguments, queue, status, run_at, finished_at, max_attempts,
                                           submitted_by, error_number, error_message)
-        values (s.procedure, s.arguments, coalesce(s.queue, 'default'), 'FAILED', fire.due, clock_timestamp(),
+        values (s.procedure, s.arguments,
+                coalesce(s.queue, (select r.queue from asyncproc.procedures r where r.name = s.procedure), 'default'),
+                'FAILED', fire.due, clock_timestamp(),
                 coalesce(s.max_attempts, 1), s.created_by, sqlstate, 'schedule "' || s.name || '": ' || sqlerrm)
         returning * into started;
         perform asyncproc.emit(started.id, started.seq, started.status);

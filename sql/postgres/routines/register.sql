@@ -17,16 +17,38 @@ language plpgsql as $$
 declare
   registered text;
   refused    text;
+  named      record;
+  previous   record;
 begin
   refused := asyncproc.refused_routine(routine);
   if refused is not null then
     raise exception '% is %, not a procedure to run as a call', routine::text, refused using errcode = 'AP004';
   end if;
+  select n.nspname, p.proname, n.nspname || '.' || p.proname as name
+    into named
+    from pg_proc p join pg_namespace n on n.oid = p.pronamespace where p.oid = routine;
+  -- a routine is called by schema.name: "a.b".c and a."b.c" would both be a.b.c
+  if position('.' in named.nspname) > 0 or position('.' in named.proname) > 0 then
+    raise exception '% cannot be registered: its schema or name holds a ".", so "%" would not name it alone', routine::text, named.name
+      using errcode = 'AP004', hint = 'Rename it, or register a routine without a dot in its schema and name that calls it.';
+  end if;
+  -- the name registered for another routine that still exists (another overload of the name):
+  -- its calls not yet ended were checked against that routine's parameters, and would run this
+  -- one (a call of ov(integer) with 5 ran ov(text) with '5'); with none waiting, this one
+  -- replaces it. A routine created anew with other parameters (the old one gone) is registered
+  -- again at once, as a migration does it.
+  select r.signature into previous
+    from asyncproc.procedures r
+   where r.name = named.name and r.signature is distinct from asyncproc.signature(routine)
+     and to_regprocedure(r.signature) is not null;
+  if found and exists (select 1 from asyncproc.executions e
+                        where e.procedure = named.name and e.status not in ('SUCCEEDED', 'FAILED', 'CANCELLED')) then
+    raise exception '"%" is registered for %, and calls of it have not ended: % would run them', named.name, previous.signature, routine::text
+      using errcode = 'AP009', hint = 'Let them end (or cancel them) first; one routine of a name is registered at a time.';
+  end if;
   insert into asyncproc.procedures (name, proc, signature, queue, max_attempts, timeout_ms, roles, transactional)
-  select n.nspname || '.' || p.proname, routine, asyncproc.signature(routine), register.queue, register.max_attempts,
-         register.timeout_ms, coalesce(register.roles, '{}'), coalesce(register.transactional, true)
-    from pg_proc p join pg_namespace n on n.oid = p.pronamespace
-   where p.oid = routine
+  values (named.name, routine, asyncproc.signature(routine), register.queue, register.max_attempts,
+          register.timeout_ms, coalesce(register.roles, '{}'), coalesce(register.transactional, true))
   on conflict (name) do update
      set proc = excluded.proc, signature = excluded.signature, queue = excluded.queue,
          max_attempts = excluded.max_attempts, timeout_ms = excluded.timeout_ms, roles = excluded.roles,

@@ -1,8 +1,14 @@
--- Date/time arguments naming a moment relative to now ('now', 'today', 'tomorrow',
--- 'yesterday', alone or with a time, also inside arrays) are resolved when the call is
--- submitted, and the resolved value is what the call records and runs with. Run time would
--- give a call that waits for its runAt, is held by its batch stage or is retried hours later
--- another day than its caller meant, and its arguments would not show what it ran with.
+-- Date/time arguments (also inside arrays) are resolved when the call is submitted, in the
+-- caller's session, and the resolved value (ISO 8601, an offset with every timestamptz) is what
+-- the call records and runs with:
+-- * a moment relative to now ('now', 'today', 'tomorrow', 'yesterday', alone or with a time):
+--   run time would give a call that waits for its runAt, is held by its batch stage or is
+--   retried hours later another day than its caller meant;
+-- * text read by the caller's TimeZone and DateStyle ('2024-06-01 12:00' with no offset,
+--   '01/02/2024'): the worker's session, which runs the call, may have others (a SQL or library
+--   caller's session set to Asia/Tokyo and DMY, the service's to UTC and MDY), and the call ran
+--   9 hours off, or on 2 January instead of 1 February.
+-- Its arguments then also show what it ran with.
 create or replace function asyncproc.resolve_relative_times(arguments jsonb, routine regprocedure) returns jsonb
 language plpgsql as $$
 declare
@@ -16,7 +22,7 @@ begin
       left join pg_type elem on elem.oid = t.typelem and t.typcategory = 'A'
      where p.proc = routine and p.mode in ('IN', 'INOUT', 'VARIADIC') and arguments ? p.name
        and coalesce(elem.typcategory, t.typcategory) = 'D'   -- date, time, timestamp (with or without time zone)
-       and (arguments ->> p.name) ~* '\m(now|today|tomorrow|yesterday)\M'
+       and jsonb_typeof(arguments -> p.name) <> 'null'      -- jsonb_set would make the whole object null
   loop
     execute format('select to_jsonb(%s)', asyncproc.argument_expression(param.name, param.type_oid))
        into resolved using arguments;

@@ -76,8 +76,9 @@ begin
   if problems is not null then
     raise exception 'invalid arguments for %: %', registered.name, problems using errcode = 'AP002';
   end if;
-  -- cheap test first: most calls name no relative moment
-  if arguments::text ~* '(now|today|tomorrow|yesterday)' then
+  -- cheap test first: most calls hold no text a date or time is read from (a relative moment,
+  -- digits with a date's or time's separator between them, a month's name)
+  if arguments::text ~* '(now|today|tomorrow|yesterday)|\d[-/.:]\d|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)' then
     arguments := asyncproc.resolve_relative_times(arguments, routine);
   end if;
 

@@ -1,6 +1,6 @@
 import { EngineError, type EngineErrorCode } from '../../engine.js';
 
-/** SQLSTATEs raised by asyncproc.submit, submit_batch, unregister and resolve_routine (sql/postgres/routines). */
+/** SQLSTATEs raised by asyncproc.submit, submit_batch, register, unregister and resolve_routine (sql/postgres/routines). */
 const CODES: Record<string, EngineErrorCode> = {
   AP001: 'UNKNOWN_PROCEDURE',
   AP002: 'INVALID_ARGUMENTS',
@@ -12,6 +12,8 @@ const CODES: Record<string, EngineErrorCode> = {
   AP006: 'NOT_FOUND',
   /** resolve_routine (register by name): more than one routine has the name. */
   AP007: 'BAD_USER_INPUT',
+  /** register: the name is registered for another routine (an overload), whose calls have not ended. */
+  AP009: 'BAD_USER_INPUT',
 };
 
 /** Our own SQLSTATEs become EngineErrors; anything else passes through unchanged. */

@@ -18,11 +18,20 @@ const MAX_SUBMITTED_BY = 1000;
 /** A NUL, or half of a surrogate pair: PostgreSQL's text and jsonb hold neither. */
 const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
-/** Whether a string anywhere in `value` (a key too) is one PostgreSQL cannot store. */
-function unstorable(value: unknown): boolean {
-  if (typeof value === 'string') return UNSTORABLE.test(value);
-  if (value === null || typeof value !== 'object') return false;
-  return Array.isArray(value) ? value.some(unstorable) : Object.entries(value).some(([key, item]) => UNSTORABLE.test(key) || unstorable(item));
+/**
+ * What in `value` JSON would not carry as it is: a string (a key too) PostgreSQL cannot store, or
+ * a number JSON has no form for (JSON.stringify writes NaN and ±Infinity as null: the call ran
+ * with NULL). Null when there is nothing.
+ */
+function unstorable(value: unknown): string | null {
+  if (typeof value === 'string') return UNSTORABLE.test(value) ? 'a NUL or half of a surrogate pair, which PostgreSQL cannot store' : null;
+  if (typeof value === 'number') return Number.isFinite(value) ? null : `${value}, which JSON has no form for (it would arrive as NULL)`;
+  if (value === null || typeof value !== 'object') return null;
+  for (const [key, item] of Object.entries(value)) {
+    const problem = (!Array.isArray(value) && unstorable(key)) || unstorable(item);
+    if (problem) return problem;
+  }
+  return null;
 }
 
 /**
@@ -59,9 +68,8 @@ export function checkCall(call: InvokeCall): InvokeCall {
   } catch (error) {
     throw new EngineError('INVALID_ARGUMENTS', `arguments must be JSON: ${(error as Error).message}`, { cause: error });
   }
-  if (unstorable(call.arguments)) {
-    throw new EngineError('INVALID_ARGUMENTS', 'arguments hold a NUL or half of a surrogate pair, which PostgreSQL cannot store');
-  }
+  const problem = unstorable(call.arguments);
+  if (problem) throw new EngineError('INVALID_ARGUMENTS', `arguments hold ${problem}`);
   return { ...call, runAt };
 }
 
