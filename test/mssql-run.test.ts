@@ -264,6 +264,14 @@ describe('mssql register: the service’s own procedures', () => {
     assert.ok(guard.index > register.indexOf('SELECT @schema = OBJECT_SCHEMA_NAME(@object)'), 'after the name is resolved to its schema');
     assert.ok(guard.index < register.search(/\b(INSERT|MERGE|UPDATE)\b/), 'before any write');
   });
+
+  it('a procedure whose schema or name holds a "." is refused (50005) before anything is written: [a.b].[c] and [a].[b.c] were both a.b.c', async () => {
+    const register = withoutComments(await procedure('usp_AsyncExecRegister'));
+    const guard = /IF CHARINDEX\(N'\.', @schema\) > 0 OR CHARINDEX\(N'\.', @name\) > 0\s+BEGIN\s+(?:SET @message = [^;]*;\s+)+THROW 50005, @message, 1;\s+END;/.exec(register);
+    assert.ok(guard, 'the guard on the resolved names');
+    assert.ok(guard.index > register.indexOf('SELECT @schema = OBJECT_SCHEMA_NAME(@object)'), 'after the name is resolved to its schema');
+    assert.ok(guard.index < register.search(/\b(INSERT|MERGE|UPDATE)\b/), 'before any write');
+  });
 });
 
 describe('mssql run: error fields of the machinery’s failures (item 7)', () => {

@@ -11,7 +11,8 @@
 -- Errors: 50001 no such procedure, 50002 unsupported parameter types or bad optional list,
 --         50003 unknown queue, 50005 bad maxAttempts, a timeout, bad roles, or a procedure that
 --         is not one to run as a call (the service's own, SQL Server's own, or one named like a
---         system procedure: asyncexec.AsyncExecRefusedProcedure).
+--         system procedure: asyncexec.AsyncExecRefusedProcedure), or one whose schema or name
+--         holds a "." (its registered name schema.procedure would not name it alone).
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecRegister
     @procedure          nvarchar(261),
     @queue              nvarchar(100) = N'default',
@@ -45,6 +46,14 @@ BEGIN
     END;
     SELECT @schema = OBJECT_SCHEMA_NAME(@object), @name = OBJECT_NAME(@object);
     SET @registered = @schema + N'.' + @name;
+    -- calls name a procedure schema.procedure: [a.b].[c] and [a].[b.c] would both be a.b.c
+    IF CHARINDEX(N'.', @schema) > 0 OR CHARINDEX(N'.', @name) > 0
+    BEGIN
+        SET @message = CONCAT(N'"', @registered, N'" cannot be registered: its schema or name holds a ".", so "', @registered,
+                              N'" would not name it alone (rename it, or register a procedure that calls it)');
+        SET @message = REPLACE(@message, N'%', N'%%');
+        THROW 50005, @message, 1;
+    END;
 
     -- the service's own procedures, SQL Server's, and a procedure named like one of SQL Server's
     -- are not procedures to run as calls (asyncexec.AsyncExecRefusedProcedure says why)
