@@ -396,10 +396,17 @@ describe('resuming', () => {
       proxy.restore();
       await page.locator('.dot[data-live="true"]').waitFor({ timeout: 60_000 });
       // every call that succeeded since, the three made while cut off among them, and none twice
-      await waitFor(async () => {
-        const since = (await succeeded()) - quiet.service;
-        return since >= 3 && Number(await text(page, total)) === quiet.page + since;
-      }, 30_000, `the page to count what succeeded while it was cut off, once each (it showed ${quiet.page} before)`);
+      let last = { since: 0, shown: 0 };
+      try {
+        await waitFor(async () => {
+          last = { since: (await succeeded()) - quiet.service, shown: Number(await text(page, total)) };
+          return last.since >= 3 && last.shown === quiet.page + last.since;
+        }, 30_000, 'the page to count what succeeded while it was cut off, once each');
+      } catch (error) {
+        // what the page and the service said last, and any alert the page shows (a stream that failed)
+        const alerts = await page.locator('[role="alert"]').allTextContents();
+        throw new Error(`${(error as Error).message}: it showed ${quiet.page} before and ${last.shown} now; ${last.since} succeeded since; alerts: ${JSON.stringify(alerts)}`);
+      }
       await page.context().close();
     } finally {
       await proxy.close();
