@@ -14,9 +14,11 @@ export function Overview() {
   const slowest = useLiveQuery<{ running: RunningRow[] }>(SLOWEST, undefined, () => true, 500);
   const version = useStore(outcomesVersion);
   // the window slides every bucket even when nothing ends
-  const now = useNow(BUCKET_SECONDS * 1000);
+  const tickAt = useNow(BUCKET_SECONDS * 1000);
   useEffect(() => void seedOutcomes().catch(() => {}), []);
-  const [xs, ok, bad] = useMemo(() => series(now), [version, now]);
+  // read the clock at each change too: a call that ended in a bucket the last tick did not reach
+  // yet is counted at once, not up to a bucket later
+  const [xs, ok, bad] = useMemo(() => series(Date.now()), [version, tickAt]);
   const failures = bad.reduce((a, b) => a + b, 0);
   const successes = ok.reduce((a, b) => a + b, 0);
   const rate = failures + successes ? Math.round((100 * failures) / (failures + successes)) : 0;
