@@ -140,17 +140,21 @@ export const FIRE_PAGE = 100;
 /**
  * Fire rounds until nothing is left due that this process can fire now: a round that read a
  * full page, or planned a next instant already due, is followed by another, up to FIRE_ROUNDS
- * (what is left waits for the next tick); a round that fired nothing ends it (what it read is
- * being fired by another process).
+ * (what is left waits for the next tick). A round that read what the one before it read ends it:
+ * nothing of that page moved (another process is firing it). One that fired nothing does not:
+ * a page of schedules all passed over (overlap SKIP) moved on, and the next page may be due.
  */
 export async function fireRounds<T>(round: (now: Date) => Promise<{ planned: PlannedFire[]; read: number; fired: T[] }>, clock: () => Date): Promise<T[]> {
   const fired: T[] = [];
+  let previous = '';
   for (let i = 0; i < FIRE_ROUNDS; i++) {
     const now = clock();
     const result = await round(now);
     fired.push(...result.fired);
+    const page = JSON.stringify(result.planned.map((fire) => [fire.name, fire.due]));
     const behind = result.planned.some((fire) => fire.next !== null && fire.next <= now);
-    if (!result.fired.length || (result.read < FIRE_PAGE && !behind)) break;
+    if (!result.read || page === previous || (result.read < FIRE_PAGE && !behind)) break;
+    previous = page;
   }
   return fired;
 }

@@ -8,7 +8,7 @@ import type pg from 'pg';
 import { EngineError, type Closeable } from '../src/engine.js';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
 import { fireDueSchedules } from '../src/engines/postgres/schedules.js';
-import { nextRunAfter, planFire } from '../src/schedules.js';
+import { FIRE_PAGE, nextRunAfter, planFire } from '../src/schedules.js';
 import { freePort, sleep, startDemoDatabase, waitFor, type TestCluster } from './support/database.js';
 import { healthy, postGraphql, startProcess, stopProcess } from './support/service.js';
 
@@ -143,6 +143,28 @@ describe('schedules on PostgreSQL', () => {
     await engine.cancelExecution(first.token);
     assert.equal((await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 2500))).length, 1, 'it fires again once that call ended');
     await engine.deleteSchedule(name);
+  });
+
+  it('a tick whose first page of due schedules is all passed over (overlap SKIP) goes on: a schedule due after them fires in the same tick', async () => {
+    const t0 = new Date(Math.floor(Date.now() / 1000) * 1000 - 10_000);
+    const skipping = Array.from({ length: FIRE_PAGE }, (_, i) => `skip-page-${i}`);
+    const started: string[] = [];
+    try {
+      // each has a call that has not ended (no worker here): its next fire is passed over
+      for (const name of skipping) await engine.createSchedule({ name, procedure: 'demo.sleep', arguments: { seconds: 5 }, cron: '0 0 1 1 *', overlap: 'SKIP' });
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = any($2)', [t0, skipping]);
+      started.push(...(await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 100))).map((e) => e.token));
+      assert.equal(started.length, FIRE_PAGE, 'each started a call');
+      await sql.query('update asyncproc.schedules set next_run_at = $1 where name = any($2)', [new Date(t0.getTime() + 1000), skipping]);
+      await engine.createSchedule({ name: 'after-the-page', procedure: 'demo.record', arguments: { tag: 'after the page' }, cron: '0 0 1 1 *' });
+      await sql.query("update asyncproc.schedules set next_run_at = $1 where name = 'after-the-page'", [new Date(t0.getTime() + 2000)]);
+      const fired = await fireDueSchedules(engine.pool, () => new Date(t0.getTime() + 3000));
+      assert.deepEqual(fired.map((e) => e.schedule), ['after-the-page'], 'the page passed over, then the schedule after it fired');
+      started.push(...fired.map((e) => e.token));
+    } finally {
+      for (const token of started) await engine.cancelExecution(token);
+      for (const name of [...skipping, 'after-the-page']) await engine.deleteSchedule(name).catch(() => undefined);
+    }
   });
 
   it("plans fires by the database's clock: a process whose own clock runs 2 minutes ahead fires nothing early", async () => {
