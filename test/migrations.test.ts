@@ -24,6 +24,7 @@ const LANDED: Record<string, string> = {
   'postgres/0014_grouped_commits.sql': 'b5de653b58771408b1fda27e6e072a5e73dead526e0522984101236b9d8d69ba',
   'postgres/0015_purge_horizon.sql': 'd7c7708b38648c4374208651e41d003a5e2ce134099c1a0c34683a8683f4add6',
   'postgres/0016_routines_revision.sql': '51a5c7e761996b9a33fefac301361bc232676900b4a4c001aab70dd4fe1adcfb',
+  'postgres/0017_json_arguments_as_sent.sql': '70edda184b2bd0ec306f531e7a8edc7e3639944e12994777ce8be5c93afe5289',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',

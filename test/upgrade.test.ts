@@ -177,6 +177,57 @@ describe('upgrade (PostgreSQL)', () => {
   });
 });
 
+describe('upgrade (PostgreSQL): the values of calls and schedules stored before it', () => {
+  it('json domains and json arrays of calls still to run and of schedules run with the values revision 4 of the routines gave them (0017)', async () => {
+    const url = await cluster.createDatabase();
+    // the database as the release before 0017 left it
+    const before0017 = await mkdtemp(path.join(tmpdir(), 'asyncproc-sql-'));
+    await cp(POSTGRES_SQL_DIR, before0017, { recursive: true });
+    await rm(path.join(before0017, '0017_json_arguments_as_sent.sql'));
+    const engine = createPostgresEngine({ connectionString: url });
+    const sql = new pg.Client({ connectionString: url });
+    await sql.connect();
+    let activator: { close(): Promise<void> } | undefined;
+    try {
+      await migrate(engine.pool, before0017);
+      await sql.query(`create schema up4;
+        create domain up4.anyjson as jsonb;
+        create domain up4.object as jsonb check (jsonb_typeof(value) = 'object');
+        create function up4.echo(d up4.anyjson, o up4.object, a jsonb[], n integer default 0) returns jsonb language sql
+          as $$ select jsonb_build_object('d', d, 'o', o, 'a', to_jsonb(a), 'n', n) $$;
+        select asyncproc.register('up4.echo(up4.anyjson,up4.object,jsonb[],integer)');`);
+      const valid = { d: 0, o: {}, a: [] };
+      // what revision 4 took: JSON text in a string for a domain over jsonb (an object only so), and array elements read as JSON text
+      const asRevision4Took = { d: '1', o: '{"a": 1}', a: [1, '2', '"x"', null, true], n: 5 };
+      const asRevision4Ran = { d: 1, o: { a: 1 }, a: [1, 2, 'x', null, true], n: 5 };
+      const [waiting, ended] = await engine.submit([{ procedure: 'up4.echo', arguments: valid }, { procedure: 'up4.echo', arguments: valid }]);
+      await engine.cancelExecution(ended.token);
+      await engine.createSchedule({ name: 'up4-echo', procedure: 'up4.echo', arguments: valid, cron: '0 0 1 1 *' });
+      await sql.query('update asyncproc.executions set arguments = $1 where token in ($2, $3)', [asRevision4Took, waiting.token, ended.token]);
+      await sql.query(`update asyncproc.schedules set arguments = $1 where name = 'up4-echo'`, [asRevision4Took]);
+
+      assert.deepEqual(await migrate(engine.pool), [17]);
+      const argumentsOf = async (token: string) => (await sql.query('select arguments from asyncproc.executions where token = $1', [token])).rows[0].arguments;
+      assert.deepEqual(await argumentsOf(waiting.token), asRevision4Ran, 'the call still to run');
+      assert.deepEqual(await argumentsOf(ended.token), asRevision4Took, 'an ended call keeps what it was sent');
+      assert.deepEqual((await engine.getSchedule('up4-echo'))!.arguments, asRevision4Ran, 'the schedule');
+
+      activator = await engine.startActivator({ workerId: 'upgrade-0017' });
+      const ran = await waitFor(async () => {
+        const execution = await engine.getExecution(waiting.token);
+        return execution && isTerminal(execution.status) ? execution : null;
+      }, 15_000, 'the call to end');
+      assert.equal(ran.status, 'SUCCEEDED', JSON.stringify(ran.error));
+      assert.deepEqual(ran.result?.returnValue, asRevision4Ran);
+    } finally {
+      await activator?.close();
+      await sql.end();
+      await engine.close();
+      await rm(before0017, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('a rolling upgrade (PostgreSQL): processes of two releases share the database for a while', () => {
   it('applying the routine files again keeps every function (its OID): a call running in run() meanwhile ends SUCCEEDED', async () => {
     const url = await cluster.createDatabase();
