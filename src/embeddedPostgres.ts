@@ -67,11 +67,32 @@ async function postgresAccount(): Promise<{ uid: number; gid: number }> {
 }
 
 /**
+ * mkdir -p. Node's own (`mkdir` with `recursive`) spins forever, at full CPU, where mkdir
+ * answers ENOENT under a folder that exists (anywhere under /proc): ASYNCPROC_DATA_DIR=/proc/x
+ * hung the start without a word. Here each missing folder is made in turn, and such an answer
+ * is an error.
+ */
+async function makeFolders(dir: string): Promise<void> {
+  const missing: string[] = [];
+  for (let at = path.resolve(dir); ; at = path.dirname(at)) {
+    const found = await stat(at).catch((error: NodeJS.ErrnoException) => (error.code === 'ENOENT' ? null : Promise.reject(error)));
+    if (found) break;
+    missing.unshift(at);
+    if (at === path.dirname(at)) break;
+  }
+  for (const at of missing) {
+    await mkdir(at).catch((error: NodeJS.ErrnoException) => {
+      if (error.code !== 'EEXIST') throw error;
+    });
+  }
+}
+
+/**
  * As root, PostgreSQL refuses to start, so the server runs as `postgres`: the data
  * folder is created for that account, and every folder above it must let it through.
  */
 async function prepareDataDirForRoot(dataDir: string): Promise<void> {
-  await mkdir(path.dirname(dataDir), { recursive: true });
+  await makeFolders(path.dirname(dataDir));
   for (let dir = path.dirname(dataDir); ; dir = path.dirname(dir)) {
     const mode = (await stat(dir)).mode;
     if ((mode & 0o001) === 0) {
@@ -97,7 +118,7 @@ async function prepareDataDirForRoot(dataDir: string): Promise<void> {
       throw new EmbeddedPostgresError('dataDir', `${dataDir} is not empty and holds no PostgreSQL data; it is left as it is: choose an empty folder`);
     }
   }
-  await mkdir(dataDir, { recursive: true });
+  await makeFolders(dataDir);
   await chown(dataDir, uid, gid);
   await chmod(dataDir, 0o700);
 }
@@ -268,7 +289,7 @@ export async function startEmbeddedPostgres(options: EmbeddedPostgresOptions): P
         options.onFallback?.(dataDir, error.message);
         await prepareDataDirForRoot(dataDir);
       }
-    } else await mkdir(path.dirname(dataDir), { recursive: true });
+    } else await makeFolders(path.dirname(dataDir));
   } catch (error) {
     throw unusable(dataDir, error);
   }

@@ -93,6 +93,10 @@ describe('start-up failures are one line naming the variable', () => {
     await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: file, PORT: String(await freePort()) }, /ASYNCPROC_DATA_DIR=.*a-file/);
   });
 
+  it('an ASYNCPROC_DATA_DIR where no folder can be made (under /proc): an error, not a start that spins forever', async () => {
+    await assertOneLine('serve', { ...(await embedded('x')), ASYNCPROC_DATA_DIR: '/proc/asyncproc-test/data', PORT: String(await freePort()) }, /cannot be used: ENOENT.*ASYNCPROC_DATA_DIR=\/proc\/asyncproc-test\/data/);
+  });
+
   it('an ASYNCPROC_DATA_DIR that holds something else', async () => {
     const folder = path.join(dir, 'photos');
     await mkdir(folder);
