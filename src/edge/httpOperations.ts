@@ -121,6 +121,25 @@ export interface HttpOperationOptions {
 }
 
 /**
+ * Whether yoga will answer a subscription with an SSE stream: one of the Accept header's media
+ * types is exactly `text/event-stream`, in UTF-8 (no charset said, or utf-8), read as yoga reads
+ * it (blanks dropped, case ignored). `text/event-stream; charset=latin1` or `x-text/event-stream`
+ * passed a plain search for the words: the subscription was made, then yoga answered 406 and
+ * never ended it (it stayed in the hub, and held a slot of its caller's SSE limit, for good).
+ */
+export function acceptsEventStream(accept: string | null): boolean {
+  return (accept ?? '')
+    .replace(/\s/g, '')
+    .toLowerCase()
+    .split(',')
+    .some((range) => {
+      const [type, ...parameters] = range.split(';');
+      const charset = parameters.find((parameter) => parameter.includes('charset='));
+      return type === 'text/event-stream' && (charset === undefined || charset === 'charset=utf-8');
+    });
+}
+
+/**
  * What an operation asks for, checked with its variables before it runs (estimateNodes), on every
  * transport; and subscriptions over HTTP: refused unless the request accepts a stream (SSE), so
  * nothing subscribes for a response yoga then refuses with 406 (the subscription stayed in the
@@ -149,7 +168,7 @@ export function useHttpOperations(options: HttpOperationOptions): Plugin {
       const request = context.request;
       // graphql-ws: the socket's own limits (connections per caller, subscriptions per socket)
       if (!request) return;
-      if (!/text\/event-stream/i.test(request.headers.get('accept') ?? '')) {
+      if (!acceptsEventStream(request.headers.get('accept'))) {
         setResultAndStopExecution({
           errors: [
             new GraphQLError('a subscription over HTTP needs `Accept: text/event-stream` (SSE); or subscribe over graphql-ws', {
