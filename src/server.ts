@@ -101,6 +101,11 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
   const open = !options.authRequired;
   const suggestions = options.suggestions ?? open;
   const graphiql = options.graphiql ?? open;
+  /**
+   * Errors masking logged itself (at the level they deserve): yoga logs every error it masked
+   * once more, at error level, so a database restarting read as a bug in the log too.
+   */
+  const logged = new WeakSet<object>();
   /** An error as a client may see it: an engine's refusal by its code, anything unexpected as "Unexpected error." (logged). */
   const masking = (error: unknown, message: string): Error => {
     if (!suggestions) hideSuggestions(error);
@@ -108,6 +113,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
     const path = error instanceof GraphQLError ? error.path : undefined;
     if (original instanceof EngineError) return createGraphQLError(original.message, { extensions: { code: original.code }, path });
     if (!(original instanceof GraphQLError) && original !== undefined) {
+      if (typeof error === 'object' && error !== null) logged.add(error);
       // the database out of reach or restarting, a connection cut: no bug, and the client may try
       // again (it was "Unexpected error.", which a client cannot tell from one)
       if (engine.isTransient(original)) {
@@ -139,7 +145,9 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       debug: (...args) => logger.debug(args.join(' ')),
       info: (...args) => logger.info(args.join(' ')),
       warn: (...args) => logger.warn(args.join(' ')),
-      error: (...args) => logger.error(args.map(String).join(' ')),
+      error: (...args) => {
+        if (!args.some((arg) => typeof arg === 'object' && arg !== null && logged.has(arg))) logger.error(args.map(String).join(' '));
+      },
     },
     context: async ({ request, req, principal, wanted }) => {
       if (!principal) {

@@ -11,6 +11,7 @@ import type { Closeable } from '../src/engine.js';
 import { silentLogger } from '../src/logger.js';
 import { Readiness } from '../src/readiness.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
+import { capturingLogger } from './support/logs.js';
 import { sleep, startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
 
 let db: DemoDatabase;
@@ -212,7 +213,8 @@ describe('/ready', () => {
     const other = await startDemoDatabase();
     await other.sql.end();
     await other.engine.close();
-    const app = await startTestApp(other.url);
+    const log = capturingLogger();
+    const app = await startTestApp(other.url, {}, log.logger);
     const url = app.url.replace(/\/graphql$/, '');
     try {
       assert.equal((await ready(url)).status, 200);
@@ -229,6 +231,9 @@ describe('/ready', () => {
         assert.equal(body.errors?.[0]?.extensions?.code, 'SERVICE_UNAVAILABLE', JSON.stringify(body));
         assert.match(body.errors[0].message, /try again/);
       }
+      // logged as what it is, once: a warning, not an error (yoga logged each one again at error level)
+      assert.deepEqual(log.lines.filter((line) => line.level >= 50).map((line) => line.msg), [], 'no error-level line');
+      assert.ok(log.lines.some((line) => line.level === 40 && line.msg === 'database unavailable for a request'));
       // away long enough for the listener to try again several times (100, 200, 400, 800 ms, …)
       await sleep(3000);
       await other.cluster.server.start();
