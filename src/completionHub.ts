@@ -355,9 +355,9 @@ export class CompletionHub implements ListenerSink, Closeable {
    * and for one `visible` refuses (so a caller cannot tell another's token from none).
    * `wanted`: while the database cannot be read, the first read is tried again until it
    * succeeds or the subscriber no longer waits (then the stream just ends): a subscriber that
-   * leaves during an outage leaves nothing behind.
+   * leaves during an outage leaves nothing behind. Not `patient`: the read fails at once (firstRead).
    */
-  async completed(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
+  async completed(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true, patient = true): Promise<AsyncIterableIterator<Execution>> {
     // The watch begins before the one read of the row: an end that read does not see comes
     // through the watch (the feed hands out whatever its position did not see when the watch
     // began). What it hears before the row was found and `visible` allowed it waits for that.
@@ -376,7 +376,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     // it); an engine's refusal (EngineError: a malformed token, say) and a permanent error are final
     let found: { row: Execution | null } | null;
     try {
-      found = await this.firstRead(() => this.engine.getExecution(token), wanted);
+      found = await this.firstRead(() => this.engine.getExecution(token), wanted, patient);
     } catch (error) {
       unwatch();
       throw error;
@@ -414,9 +414,9 @@ export class CompletionHub implements ListenerSink, Closeable {
    * that were replaced before the hub read them, are skipped: the latest always wins.
    * NOT_FOUND as for `completed`. Engines without progress end the stream at the end.
    */
-  async progress(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Execution>> {
+  async progress(token: string, visible: (execution: Execution) => boolean = () => true, wanted: () => boolean = () => true, patient = true): Promise<AsyncIterableIterator<Execution>> {
     // waits for the database as `completed` does
-    const found = await this.firstRead(() => this.engine.getExecution(token), wanted);
+    const found = await this.firstRead(() => this.engine.getExecution(token), wanted, patient);
     if (!found) return endedStream<Execution>();
     const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no execution with token ${token}`);
@@ -467,13 +467,13 @@ export class CompletionHub implements ListenerSink, Closeable {
    * before the subscription began. A batch ends in the transaction that ends its last
    * execution, so the batch is read again whenever one of its executions ends.
    */
-  async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true, wanted: () => boolean = () => true): Promise<AsyncIterableIterator<Batch>> {
+  async batchCompleted(id: string, visible: (batch: Batch) => boolean = () => true, wanted: () => boolean = () => true, patient = true): Promise<AsyncIterableIterator<Batch>> {
     // waits for the database as `completed` does
-    const found = await this.firstRead(() => this.engine.getBatch(id), wanted);
+    const found = await this.firstRead(() => this.engine.getBatch(id), wanted, patient);
     if (!found) return endedStream<Batch>();
     const first = found.row;
     if (!first || !visible(first)) throw new EngineError('NOT_FOUND', `no batch with id ${id}`);
-    const executions = await this.firstRead(() => this.engine.getBatchExecutions(id), wanted);
+    const executions = await this.firstRead(() => this.engine.getBatchExecutions(id), wanted, patient);
     // no batch read, or the subscriber left during the reads (see completed): nothing is watched for it
     if (!executions || !wanted()) return endedStream<Batch>();
     return this.once({
@@ -724,9 +724,14 @@ export class CompletionHub implements ListenerSink, Closeable {
    */
   private readonly final = (error: unknown): boolean => error instanceof EngineError || !this.engine.isTransient(error);
 
-  /** A subscriber's first read (untilRead, `final`), its value wrapped (`row` may be null); null: the subscriber left or the hub closed. */
-  private firstRead<T>(read: () => Promise<T>, wanted: () => boolean): Promise<{ row: T } | null> {
-    return this.untilRead(async () => ({ row: await read() }), () => !wanted(), this.final);
+  /**
+   * A subscriber's first read (untilRead, `final`), its value wrapped (`row` may be null); null: the
+   * subscriber left or the hub closed. Not `patient` (a subscription over SSE, whose response
+   * starts only once it has subscribed: a proxy's timeout would cut it in silence): any error is
+   * final, a database out of reach answered at once (503, as a query's).
+   */
+  private firstRead<T>(read: () => Promise<T>, wanted: () => boolean, patient = true): Promise<{ row: T } | null> {
+    return this.untilRead(async () => ({ row: await read() }), () => !wanted(), patient ? this.final : () => true);
   }
 
   /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left), unless `final` says an error is for good. */

@@ -164,6 +164,7 @@ export function createYogaApp(options: ServerOptions, metrics?: ServiceMetrics) 
       return {
         engine, hub, limits, principal, loaders: createLoaders(engine), logger,
         wanted: wanted ?? (() => !request?.signal.aborted),
+        waitsForDatabase: wanted !== undefined,
         credentialsChanged: () => auth.forgetKeyChecks(),
       };
     },

@@ -218,6 +218,8 @@ describe('/ready', () => {
     const url = app.url.replace(/\/graphql$/, '');
     try {
       assert.equal((await ready(url)).status, 200);
+      const { body: invoked } = await app.gql('mutation { invoke(input: { procedure: "demo.noop", arguments: {} }) { execution { token } } }');
+      const token = invoked.data.invoke.execution.token as string;
       await other.cluster.server.stop();
       const down = await unready(url, 10_000);
       assert.deepEqual(down.body.failed, ['database'], JSON.stringify(down.body));
@@ -230,6 +232,17 @@ describe('/ready', () => {
         assert.equal(status, 503, JSON.stringify(body));
         assert.equal(body.errors?.[0]?.extensions?.code, 'SERVICE_UNAVAILABLE', JSON.stringify(body));
         assert.match(body.errors[0].message, /try again/);
+      }
+      // a subscription over SSE too: its response would start only once the database answers (a proxy's timeout cuts it in silence)
+      for (const field of [`executionCompleted(token: "${token}") { status }`, `executionProgress(token: "${token}") { status }`]) {
+        const sse = await fetch(app.url, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+          body: JSON.stringify({ query: `subscription { ${field} }` }),
+          signal: AbortSignal.timeout(10_000),
+        });
+        assert.equal(sse.status, 503, field);
+        assert.match(await sse.text(), /SERVICE_UNAVAILABLE/, field);
       }
       // logged as what it is, once: a warning, not an error (yoga logged each one again at error level)
       assert.deepEqual(log.lines.filter((line) => line.level >= 50).map((line) => line.msg), [], 'no error-level line');

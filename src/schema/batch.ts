@@ -177,8 +177,8 @@ builder.subscriptionFields((t) => ({
     type: BatchRef,
     description: 'One event when the batch ends (also if it ended before you subscribed), then the stream ends.',
     args: { id: t.arg.id({ required: true, description: 'The batch\'s `id` or `batchId`.' }) },
-    subscribe: (_root, { id }, { hub, principal, wanted }) =>
-      withId(String(id), 'Batch', (batchId) => hub.batchCompleted(batchId, (batch) => owns(principal, batch.submittedBy), wanted)),
+    subscribe: (_root, { id }, { hub, principal, wanted, waitsForDatabase }) =>
+      withId(String(id), 'Batch', (batchId) => hub.batchCompleted(batchId, (batch) => owns(principal, batch.submittedBy), wanted, waitsForDatabase)),
     resolve: (batch) => batch,
   }),
 }));

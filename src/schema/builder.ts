@@ -31,6 +31,11 @@ export interface Context {
    * went away): a subscription that waits for the database stops waiting then.
    */
   wanted: () => boolean;
+  /**
+   * Whether a subscription waits for a database out of reach (graphql-ws: its socket stays up,
+   * with its keep-alive) or is answered 503 at once (SSE: its response starts only once it has subscribed).
+   */
+  waitsForDatabase: boolean;
   /** After a revocation here: API keys are looked up afresh at their next check (open sockets, running streams). */
   credentialsChanged?: () => void;
 }

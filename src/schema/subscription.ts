@@ -9,9 +9,9 @@ builder.subscriptionFields((t) => ({
     type: ExecutionRef,
     description: 'One event when the execution finishes (also if it finished before you subscribed), then the stream ends.',
     args: { token: t.arg.id({ required: true }) },
-    subscribe: (_root, { token }, { hub, principal, wanted }) =>
+    subscribe: (_root, { token }, { hub, principal, wanted, waitsForDatabase }) =>
       // another caller's token answers as an unknown one does
-      withId(String(token), 'Execution', (uuid) => hub.completed(uuid, (execution) => owns(principal, execution.submittedBy), wanted)),
+      withId(String(token), 'Execution', (uuid) => hub.completed(uuid, (execution) => owns(principal, execution.submittedBy), wanted, waitsForDatabase)),
     resolve: (execution) => execution,
   }),
   executionProgress: t.field({
@@ -19,8 +19,8 @@ builder.subscriptionFields((t) => ({
     description:
       "Progress reports of a call as it runs (the procedure calls `asyncproc.progress(percent, message)` on PostgreSQL, `asyncexec.usp_AsyncExecProgress @percent, @message` on SQL Server), each event the execution with its `progress`: first the latest report, if any, then each newer one (a few a second at most, the latest winning); the stream ends when the execution ends. Another caller's token answers as an unknown one does (NOT_FOUND).",
     args: { token: t.arg.id({ required: true }) },
-    subscribe: (_root, { token }, { hub, principal, wanted }) =>
-      withId(String(token), 'Execution', (uuid) => hub.progress(uuid, (execution) => owns(principal, execution.submittedBy), wanted)),
+    subscribe: (_root, { token }, { hub, principal, wanted, waitsForDatabase }) =>
+      withId(String(token), 'Execution', (uuid) => hub.progress(uuid, (execution) => owns(principal, execution.submittedBy), wanted, waitsForDatabase)),
     resolve: (execution) => execution,
   }),
   executionEvents: t.field({
