@@ -396,6 +396,9 @@ describe('grouped commits: a failure no savepoint catches, and what one call lea
     await sql.query(`
       create procedure grouped.record_then_assert(tag text) language plpgsql as $$
       begin insert into demo.ledger (tag) values (tag); assert false, 'asserted on purpose: ' || tag; end $$;
+      -- its message reads like a lost connection (it was taken for one: the call ended FAILED AP010, lost five times)
+      create procedure grouped.record_then_assert_closed(tag text) language plpgsql as $$
+      begin insert into demo.ledger (tag) values (tag); assert false, 'order closed: connection terminated on purpose: ' || tag; end $$;
       create table grouped.parent (id integer primary key);
       create table grouped.child (parent integer references grouped.parent deferrable initially deferred);
       create procedure grouped.record_orphan(tag text) language plpgsql as $$
@@ -412,6 +415,7 @@ describe('grouped commits: a failure no savepoint catches, and what one call lea
       create procedure grouped.land(tag text) language plpgsql as $$
       begin insert into landing values (tag); end $$;
       select asyncproc.register('grouped.record_then_assert(text)');
+      select asyncproc.register('grouped.record_then_assert_closed(text)');
       select asyncproc.register('grouped.record_orphan(text)');
       select asyncproc.register('grouped.bump(integer)');
       select asyncproc.register('grouped.wander()');
@@ -423,6 +427,7 @@ describe('grouped commits: a failure no savepoint catches, and what one call lea
   for (const [name, procedure, error] of [
     ['an assert', 'grouped.record_then_assert', /asserted on purpose/],
     ['a deferred constraint at the commit', 'grouped.record_orphan', /violates foreign key constraint/],
+    ['an assert whose message speaks of a closed connection', 'grouped.record_then_assert_closed', /connection terminated on purpose/],
   ] as const) {
     it(`${name} fails only its own call, with its own error: the group is given back, and its calls run one at a time`, async () => {
       const prefix = procedure.replace(/\W/g, '');

@@ -74,7 +74,15 @@ type SlotClient = ProgressSource & {
 };
 const CONNECTION_ERRORS = new Set(['57P01', '57P02', '57P03', '08000', '08003', '08006', '08001', '08004']);
 
+/**
+ * Whether the slot's session is gone. An error the server sent (a DatabaseError) says so by its
+ * SQLSTATE alone: its message is the call's own (an ASSERT saying "order closed", a constraint of a
+ * table named connection_log), which read as a lost connection failed the call as lost five times,
+ * and the good calls of its group with it. Any other error (the socket's, pg's own "Connection
+ * terminated") by its code or its words.
+ */
 function isConnectionError(error: unknown): boolean {
+  if (error instanceof pg.DatabaseError) return CONNECTION_ERRORS.has(error.code ?? '');
   const code = (error as { code?: string })?.code;
   return code === undefined || CONNECTION_ERRORS.has(code) || /terminat|Connection|ECONN|closed/i.test(String(error));
 }
