@@ -239,6 +239,27 @@ describe('grouped commits', () => {
     }
   });
 
+  it("a batch member claimed first runs in a transaction of its own, not at the head of a group (its batch's row stayed locked until the group committed)", async () => {
+    const queue = 'g_member_first';
+    await engine.configureQueue(queue, 1, { size: 10, maxMs: 2000 });
+    const batch = await engine.submitBatch([[{ procedure: 'demo.record', arguments: { tag: 'member-first' }, queue }]]);
+    const [member] = (await sql.query<{ token: string }>('select token from asyncproc.executions where batch_id = $1', [batch.id])).rows.map((r) => r.token);
+    const calls: Call[] = Array.from({ length: 4 }, (_, i): Call => ['demo.record', { tag: `after-member-${i}` }]);
+    const tokens = [member, ...(await submit(queue, calls))];
+    const activator = await engine.startActivator({ workerId: `grouped-${queue}`, queues: [queue] });
+    try {
+      const rows = await allEnded(tokens);
+      assert.ok(rows.every((r) => r.status === 'SUCCEEDED'), JSON.stringify(rows));
+      const memberRow = rows.find((r) => r.token === member)!;
+      assert.ok(rows.every((r) => r.token === member || r.xid !== memberRow.xid), 'no other call committed with the batch member');
+      assert.equal(new Set(rows.filter((r) => r.token !== member).map((r) => r.xid)).size, 1, 'the others still committed together');
+      assert.equal((await engine.getBatch(batch.id))?.status, 'SUCCEEDED');
+      await eachRecordedOnce([['demo.record', { tag: 'member-first' }], ...calls]);
+    } finally {
+      await activator.close();
+    }
+  });
+
   it('a group never exceeds its size', async () => {
     const { tokens, activator } = await serve('g_size', 1, 3, 5000, Array.from({ length: 12 }, (): Call => ['demo.noop', {}]));
     try {
