@@ -437,7 +437,7 @@ describe('faults', () => {
     }
   });
 
-  it('subscribers who leave while the database is out of reach leave nothing waiting behind them (graphql-ws complete, socket close, SSE)', async () => {
+  it('subscribers who leave while the database is out of reach leave nothing waiting behind them (graphql-ws complete, socket close); one over SSE is answered 503 at once', async () => {
     // a database of its own: its connections are refused for a while
     const { app, reach, close } = await serviceOnOwnDatabase();
     const hub = app.app.hub!;
@@ -454,15 +454,22 @@ describe('faults', () => {
       const unsubscribe = shared.subscribe({ query, variables: { t: leaving } }, sink);
       const closer = app.ws();
       closer.subscribe({ query, variables: { t: closing } }, sink);
-      const sseUnsubscribe = app.sse().subscribe({ query, variables: { t: sse } }, sink);
       const stayed = collect(shared.iterate({ query, variables: { t: staying } }));
-      // every subscription waits for its first read, retrying
-      await waitFor(async () => hub.size === 4, 10_000, 'four subscriptions waiting for the database');
+      // over SSE the response would start only once the database answers: it is answered at once, as a query is
+      const overSse = await fetch(app.url, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', accept: 'text/event-stream' },
+        body: JSON.stringify({ query, variables: { t: sse } }),
+        signal: AbortSignal.timeout(10_000),
+      });
+      assert.equal(overSse.status, 503);
+      assert.match(await overSse.text(), /SERVICE_UNAVAILABLE/);
+      // every subscription over graphql-ws waits for its first read, retrying
+      await waitFor(async () => hub.size === 3, 10_000, 'three subscriptions waiting for the database');
       unsubscribe(); // graphql-ws `complete`
       await closer.dispose(); // the socket closes
-      sseUnsubscribe(); // the request is aborted
       // the database is still out of reach: only the one who stays is still waited for
-      await waitFor(async () => hub.size === 1, 15_000, 'the three who left no longer waited for');
+      await waitFor(async () => hub.size === 1, 15_000, 'the two who left no longer waited for');
       await reach(true);
       const cancelled = await app.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: staying });
       assert.equal(cancelled.body.errors, undefined, JSON.stringify(cancelled.body.errors));
