@@ -56,6 +56,8 @@ interface FeedBatch {
 
 interface EventStream {
   receive(batch: FeedBatch): void;
+  /** Retention purged changes the feed had not read: the stream cannot go on without a gap. */
+  expire(): void;
 }
 
 /** A stream that ends at once: the hub is closing, or the subscriber left before its first read. */
@@ -141,6 +143,14 @@ function cursorExpired(): EngineError {
   );
 }
 
+/** A watched call or batch whose end the feed had not read when retention purged it. */
+function purgedUnread(what: string): EngineError {
+  return new EngineError('NOT_FOUND', `${what} ended and was purged (retention) before this service read its end: read its history, if you keep it elsewhere`);
+}
+
+/** At most one look at the purge horizon this often, after reads of the feed (checkPurged). */
+const PURGE_CHECK_MS = 1000;
+
 export interface CompletionHubOptions {
   /** The change feed is read this often even when nothing was heard (a lost notification costs at most this). @default 1000 */
   pollMs?: number;
@@ -174,6 +184,16 @@ export class CompletionHub implements ListenerSink, Closeable {
   private readonly progressReads = new Map<string, { tick: number; read: Promise<{ progress: ExecutionProgress; execution: Execution } | null> }>();
   /** Where the feed has been read to (null until started). */
   private position: Snapshot | null = null;
+  /**
+   * The position before the earliest read of the feed not yet compared with the purge horizon
+   * (checkPurged): a read sees nothing of what retention purged before it, so a feed that fell
+   * behind by more than the retention (a stalled process, a partition) would skip those ends in silence.
+   */
+  private uncheckedFrom: Snapshot | null = null;
+  private purgeCheckedAt = 0;
+  private checkingPurge = false;
+  /** Of each watch (completed, progress, once): read its row(s) again, after checkPurged found a gap. */
+  private readonly rechecks = new Set<() => void>();
   /** Reads the feed one read at a time; a change heard meanwhile makes it read once more. */
   private readonly readFeed = untilQuiet(
     () => this.readOnce(),
@@ -219,6 +239,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     this.position = await this.engine.currentPosition();
     this.poller = setInterval(() => {
       this.onChange();
+      void this.checkPurged();
       // a lost progress notification costs at most a poll
       this.progressTick++;
       for (const set of this.progressWatchers.values()) set.forEach((heard) => heard());
@@ -310,6 +331,40 @@ export class CompletionHub implements ListenerSink, Closeable {
     this.position = union(since, upper);
     this.feedReadAt = Date.now();
     this.failures = 0;
+    this.uncheckedFrom ??= since;
+    if (Date.now() - this.purgeCheckedAt >= PURGE_CHECK_MS) void this.checkPurged();
+  }
+
+  /**
+   * Whether retention purged a change the feed's reads since uncheckedFrom may not have seen (as
+   * `expired` asks of a resumed cursor): then the streams end with CURSOR_EXPIRED (their clients
+   * subscribe again and read the current state) and each watch reads its row again (an end is
+   * delivered; a row gone ends the watch with NOT_FOUND), instead of skipping those ends in silence.
+   */
+  private async checkPurged(): Promise<void> {
+    const from = this.uncheckedFrom;
+    if (!from || this.checkingPurge || this.closed) return;
+    this.checkingPurge = true;
+    this.purgeCheckedAt = Date.now();
+    // reads from now on are looked at by the next check
+    this.uncheckedFrom = null;
+    try {
+      const horizon = await this.engine.purgeHorizon();
+      if (horizon === null || horizon < from.xmin || this.closed) return;
+      this.logger.warn(
+        { streams: this.streams.size, watches: this.rechecks.size },
+        'retention purged calls whose ends the change feed had not read (it fell behind by more than the retention): streams end with CURSOR_EXPIRED, and watched calls are read again',
+      );
+      for (const stream of this.streams) stream.expire();
+      for (const recheck of this.rechecks) recheck();
+    } catch (error) {
+      // looked at again at the next read or poll
+      // (reads meanwhile started from later positions: `from` covers them)
+      this.uncheckedFrom = from;
+      this.logger.warn({ err: toError(error) }, 'could not read the purge horizon; will read it again');
+    } finally {
+      this.checkingPurge = false;
+    }
   }
 
   private dispatch(batch: FeedBatch): void {
@@ -371,7 +426,14 @@ export class CompletionHub implements ListenerSink, Closeable {
       queue.end();
     };
     // the listener loaded the row: no need to read it again
-    const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers);
+    // read again when retention purged ends the feed had not read (checkPurged)
+    const recheck = () =>
+      void this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => queue.isClosed).then((read) => {
+        if (!read || !allowed || queue.isClosed) return;
+        if (read.row) finish(read.row);
+        else queue.end(purgedUnread(`the execution ${token}`));
+      });
+    const unwatch = this.watch([token], (execution) => (allowed ? finish(execution) : (early = execution)), this.tokenWatchers, recheck);
     // tried until it succeeds (a database restarting meanwhile delays the subscription, never fails
     // it); an engine's refusal (EngineError: a malformed token, say) and a permanent error are final
     let found: { row: Execution | null } | null;
@@ -445,9 +507,15 @@ export class CompletionHub implements ListenerSink, Closeable {
       if (!set) this.progressWatchers.set(id, (set = new Set()));
       const heard = () => void read();
       set.add(heard);
-      const unwatch = this.watch([id], (execution) => {
-        if (isTerminal(execution.status)) end();
-      });
+      const unwatch = this.watch(
+        [id],
+        (execution) => {
+          if (isTerminal(execution.status)) end();
+        },
+        this.watchers,
+        // retention purged ends the feed had not read (checkPurged): a call gone or ended ends the stream
+        () => void this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => ended).then((read) => read && (!read.row || isTerminal(read.row.status)) && end()),
+      );
       try {
         await read();
         // the end may fall before the watch began
@@ -482,6 +550,7 @@ export class CompletionHub implements ListenerSink, Closeable {
       read: () => this.engine.getBatch(id),
       ended: (batch) => batch.status !== 'RUNNING',
       onChange: (execution) => (isTerminal(execution.status) ? 'read' : null),
+      what: `the batch ${id}`,
     });
   }
 
@@ -499,6 +568,8 @@ export class CompletionHub implements ListenerSink, Closeable {
     ended: (value: T) => boolean;
     /** A change of a watched execution: the new value itself, 'read' to read the table, or null to ignore it. */
     onChange: (execution: Execution) => T | 'read' | null;
+    /** What it waits for, in the error of a row purged before its end was read ("the batch …"). */
+    what: string;
   }): AsyncIterableIterator<T> {
     const { read, ended, onChange, executionIds, first } = options;
     const queue = new EventQueue<T>();
@@ -513,11 +584,23 @@ export class CompletionHub implements ListenerSink, Closeable {
       () => queue.isClosed,
       (error) => this.logger.warn({ err: toError(error) }, 'could not re-read a watched row'),
     );
-    const unwatch = this.watch(executionIds, (execution) => {
-      const change = onChange(execution);
-      if (change === 'read') void recheck();
-      else finish(change);
-    });
+    // retention purged ends the feed had not read (checkPurged): read again; a row gone ends it
+    const afterPurge = () =>
+      void this.untilRead(async () => ({ value: await read() }), () => queue.isClosed).then((got) => {
+        if (!got || queue.isClosed) return;
+        if (got.value === null) queue.end(purgedUnread(options.what));
+        else finish(got.value);
+      });
+    const unwatch = this.watch(
+      executionIds,
+      (execution) => {
+        const change = onChange(execution);
+        if (change === 'read') void recheck();
+        else finish(change);
+      },
+      this.watchers,
+      afterPurge,
+    );
     // the value was taken, or the subscriber left
     void queue.closed.then(unwatch);
     finish(first);
@@ -526,9 +609,10 @@ export class CompletionHub implements ListenerSink, Closeable {
   }
 
   /** Call `watcher` with each change of these executions (by id, or in `by` by token). */
-  private watch(keys: readonly string[], watcher: (execution: Execution) => void, by = this.watchers): () => void {
+  private watch(keys: readonly string[], watcher: (execution: Execution) => void, by = this.watchers, recheck?: () => void): () => void {
     this.epoch++;
     this.watches++;
+    if (recheck) this.rechecks.add(recheck);
     for (const key of keys) {
       let set = by.get(key);
       if (!set) by.set(key, (set = new Set()));
@@ -538,6 +622,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     return () => {
       if (watching) this.watches--;
       watching = false;
+      if (recheck) this.rechecks.delete(recheck);
       for (const key of keys) {
         const set = by.get(key);
         set?.delete(watcher);
@@ -593,6 +678,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     let buffered: FeedBatch[] | null = [];
     let bufferedChanges = 0;
     const stream: EventStream = {
+      expire: () => queue.end(cursorExpired()),
       receive: (batch) => {
         // The feed is shared: a subscriber that does not take its events is stopped, never waited
         // for. It is one still holding more than the bound when the next read comes: a read hands

@@ -525,3 +525,44 @@ describe("a socket's writes", () => {
     }
   });
 });
+
+describe('a feed that fell behind the retention (a stalled process, a partition)', () => {
+  // last in this file: it purges every ended call of its database
+  it('ends its streams with CURSOR_EXPIRED and its watches with NOT_FOUND when ends it had not read were purged, never skipping them in silence', async () => {
+    // this hub reads the feed only when told to (no listener, a poll an hour): it falls behind at will
+    const hub = new CompletionHub(db.engine, silentLogger, { pollMs: 3_600_000 });
+    await hub.start();
+    try {
+      const runAt = new Date(Date.now() + 3_600_000); // no worker starts them
+      const [call] = await db.engine.submit([{ procedure: 'demo.noop', arguments: {}, runAt }]);
+      const batch = await db.engine.submitBatch([[{ procedure: 'demo.noop', arguments: {}, runAt }]]);
+      const stream = hub.events({ status: null, procedure: null, queue: null, submittedBy: null }, null);
+      const completed = await hub.completed(call.token);
+      const batchEnded = await hub.batchCompleted(batch.id);
+      await waitFor(async () => hub.size === 3, 5000, 'the stream and the two watches');
+      // both end, and retention purges them, before this hub reads the feed
+      await db.engine.cancelExecution(call.token);
+      await db.engine.cancelBatch(batch.id);
+      assert.ok((await db.engine.purge(0)) >= 2, "retention purged them");
+      assert.equal(await db.engine.getExecution(call.token), null, 'the call was purged');
+      hub.onChange();
+      const outcome = async (iterable: AsyncIterable<unknown>) => {
+        const values: unknown[] = [];
+        try {
+          for await (const value of iterable) values.push(value);
+          return { values, code: null };
+        } catch (error) {
+          return { values, code: (error as EngineError).code };
+        }
+      };
+      const timeout = new Promise<never>((_, reject) => setTimeout(() => reject(new Error('a subscriber was left waiting, told nothing')), 10_000).unref());
+      const [onStream, onCompleted, onBatch] = await Promise.race([Promise.all([outcome(stream), outcome(completed), outcome(batchEnded)]), timeout]);
+      assert.deepEqual(onStream, { values: [], code: 'CURSOR_EXPIRED' }, 'the stream');
+      assert.deepEqual(onCompleted, { values: [], code: 'NOT_FOUND' }, 'executionCompleted');
+      assert.deepEqual(onBatch, { values: [], code: 'NOT_FOUND' }, 'batchCompleted');
+      assert.equal(hub.size, 0, 'nothing left waiting');
+    } finally {
+      await hub.close();
+    }
+  });
+});
