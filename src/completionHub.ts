@@ -428,7 +428,7 @@ export class CompletionHub implements ListenerSink, Closeable {
     // the listener loaded the row: no need to read it again
     // read again when retention purged ends the feed had not read (checkPurged)
     const recheck = () =>
-      void this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => queue.isClosed).then((read) => {
+      void this.reread(() => this.engine.getExecution(token), () => queue.isClosed).then((read) => {
         if (!read || !allowed || queue.isClosed) return;
         if (read.row) finish(read.row);
         else queue.end(purgedUnread(`the execution ${token}`));
@@ -514,7 +514,7 @@ export class CompletionHub implements ListenerSink, Closeable {
         },
         this.watchers,
         // retention purged ends the feed had not read (checkPurged): a call gone or ended ends the stream
-        () => void this.untilRead(async () => ({ row: await this.engine.getExecution(token) }), () => ended).then((read) => read && (!read.row || isTerminal(read.row.status)) && end()),
+        () => void this.reread(() => this.engine.getExecution(token), () => ended).then((read) => read && (!read.row || isTerminal(read.row.status)) && end()),
       );
       try {
         await read();
@@ -586,10 +586,10 @@ export class CompletionHub implements ListenerSink, Closeable {
     );
     // retention purged ends the feed had not read (checkPurged): read again; a row gone ends it
     const afterPurge = () =>
-      void this.untilRead(async () => ({ value: await read() }), () => queue.isClosed).then((got) => {
+      void this.reread(read, () => queue.isClosed).then((got) => {
         if (!got || queue.isClosed) return;
-        if (got.value === null) queue.end(purgedUnread(options.what));
-        else finish(got.value);
+        if (got.row === null) queue.end(purgedUnread(options.what));
+        else finish(got.row);
       });
     const unwatch = this.watch(
       executionIds,
@@ -817,7 +817,12 @@ export class CompletionHub implements ListenerSink, Closeable {
    * final, a database out of reach answered at once (503, as a query's).
    */
   private firstRead<T>(read: () => Promise<T>, wanted: () => boolean, patient = true): Promise<{ row: T } | null> {
-    return this.untilRead(async () => ({ row: await read() }), () => !wanted(), patient ? this.final : () => true);
+    return this.reread(read, () => !wanted(), patient ? this.final : () => true);
+  }
+
+  /** `read` tried until it succeeds (untilRead), its value wrapped (`row` may be null); null: `stopped`, or the hub closed. */
+  private reread<T>(read: () => Promise<T>, stopped: () => boolean, final?: (error: unknown) => boolean): Promise<{ row: T } | null> {
+    return this.untilRead(async () => ({ row: await read() }), stopped, final);
   }
 
   /** A read the subscriber depends on is tried until it succeeds (null: the subscriber left), unless `final` says an error is for good. */
