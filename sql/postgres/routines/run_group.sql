@@ -48,26 +48,26 @@ declare
   ended     record;
   group_user name := current_user;
   group_path text := current_setting('search_path');
+  alone      boolean;
 begin
   -- a batch member runs alone, first or not (see above): run() runs it and claims the next
   -- call, as without grouped commits. At the head of a group it held its batch's row locked
   -- until the whole group committed: a cancel of the batch, and its other members' ends, waited.
-  if (select e.batch_id from asyncproc.executions e where e.id = execution_id) is not null then
-    ended := asyncproc.run(execution_id, worker, next_queue, row_cap);
-    if ended.done_seq is not null then
-      return query select execution_id, ended.done_seq, ended.done_status, null::uuid, null::text, null::integer, null::boolean;
-    end if;
+  alone := (select e.batch_id from asyncproc.executions e where e.id = execution_id) is not null;
+  if not alone then
+    -- for run_call(): the first call too runs in a group (its deadlock is the group's)
+    perform set_config('asyncproc.grouped', 'on', true);
+  end if;
+  ended := asyncproc.run(execution_id, worker, case when alone then next_queue end, row_cap);
+  if ended.done_seq is not null then
+    return query select execution_id, ended.done_seq, ended.done_status, null::uuid, null::text, null::integer, null::boolean;
+  end if;
+  if alone then
     if ended.next_id is not null then
       return query select ended.next_id, ended.next_seq, 'RUNNING'::text, ended.next_token, ended.next_procedure,
                           ended.next_timeout_ms, ended.next_transactional;
     end if;
     return;
-  end if;
-  -- for run_call(): the first call too runs in a group (its deadlock is the group's)
-  perform set_config('asyncproc.grouped', 'on', true);
-  ended := asyncproc.run(execution_id, worker, null, row_cap);
-  if ended.done_seq is not null then
-    return query select execution_id, ended.done_seq, ended.done_status, null::uuid, null::text, null::integer, null::boolean;
   end if;
   loop
     exit when next_queue is null;
