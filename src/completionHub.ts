@@ -239,7 +239,6 @@ export class CompletionHub implements ListenerSink, Closeable {
     this.position = await this.engine.currentPosition();
     this.poller = setInterval(() => {
       this.onChange();
-      void this.checkPurged();
       // a lost progress notification costs at most a poll
       this.progressTick++;
       for (const set of this.progressWatchers.values()) set.forEach((heard) => heard());
@@ -358,7 +357,7 @@ export class CompletionHub implements ListenerSink, Closeable {
       for (const stream of this.streams) stream.expire();
       for (const recheck of this.rechecks) recheck();
     } catch (error) {
-      // looked at again at the next read or poll
+      // looked at again after the next read (the poll reads at least once a pollMs)
       // (reads meanwhile started from later positions: `from` covers them)
       this.uncheckedFrom = from;
       this.logger.warn({ err: toError(error) }, 'could not read the purge horizon; will read it again');
