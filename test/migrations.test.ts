@@ -49,7 +49,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 5, sha256: 'd69c984d204cb1cd2ee867f8ffbfeef438be28beb21c20af3b5d2493173d2ea1' },
+  'postgres/routines': { revision: 6, sha256: 'b407810e62851b79a39ec95b8a79bda4badae53b27e8e4bd808cf99a5713dd12' },
   'mssql/procedures': { revision: 5, sha256: '9df9c570408f7f53e5fdc526db240fc7056cbd3ec77537e045c362922fa15677' },
 };
 

@@ -58,6 +58,19 @@ before(async () => {
     create function billing.total(variadic parts int[]) returns int language sql as $$ select sum(p)::int from unnest(parts) p $$;
     create function billing.ov(x integer) returns text language sql as $$ select 'integer ' || x $$;
     create function billing.ov(x text) returns text language sql as $$ select 'text ' || x $$;
+    -- typed by length (a parameter has none: char(3) runs as bpchar), in and out, also run outside a transaction
+    create procedure billing.codes(cur char(3), tags char(5)[], flags bit(4), out cur_out char(5), out tags_out text, out flags_out bit(4))
+      language plpgsql as $$ begin cur_out := cur || 'xy'; tags_out := tags::text; flags_out := flags; end $$;
+    create procedure billing.codes_nt(cur char(3), out cur_out char(5), out flags_out bit(4))
+      language plpgsql as $$ begin cur_out := cur || 'xy'; flags_out := B'1011'; end $$;
+    create domain billing.required as int not null;
+    create procedure billing.take_required(v billing.required default 1, vs billing.required[] default null)
+      language plpgsql as $$ begin end $$;
+    create procedure billing.take_rel(r regclass, out r_out text) language plpgsql as $$ begin r_out := r::text; end $$;
+    create type billing.stamped as (at timestamptz, label text);
+    create function billing.spans(r tstzrange default null, s billing.stamped default null, days datemultirange default null,
+                                   t timestamptz default null, out lower_out timestamptz, out at_out timestamptz, out days_out text, out t_out timestamptz)
+      language plpgsql as $$ begin lower_out := lower(r); at_out := s.at; days_out := days::text; t_out := t; end $$;
     create schema "billing.x";
     create function "billing.x".y() returns int language sql as $$ select 1 $$;
     create function billing."x.y"() returns int language sql as $$ select 2 $$;
@@ -77,9 +90,14 @@ before(async () => {
     'billing.pair_of',
     'billing.seen',
     'billing.total',
+    'billing.codes',
+    'billing.take_required',
+    'billing.take_rel',
+    'billing.spans',
   ]) {
     await sql.query(`select asyncproc.register(to_regproc($1)::oid::regprocedure)`, [routine]);
   }
+  await sql.query(`select asyncproc.register(to_regproc('billing.codes_nt')::oid::regprocedure, transactional => false)`);
 });
 after(async () => {
   await sql?.end();
@@ -427,6 +445,56 @@ describe('values that arrive as they were sent, or are refused (a probe found ea
       assert.equal(done.result.outputParameters.d_out, '2024-02-01');
       assert.deepEqual(done.result.outputParameters.days_out, ['2024-02-03']);
       assert.equal(Date.parse(done.result.outputParameters.at_out), Date.parse('2024-06-01T03:00:00Z'));
+    } finally {
+      await sql.query(`reset timezone; reset datestyle`);
+    }
+  });
+
+  it('char(n) and bit(n) parameters take values of their length, and outputs of those types come back whole, in a transaction or not', async () => {
+    const done = await run('billing.codes', { cur: 'USD', tags: ['ab', 'abcde'], flags: '1011' });
+    assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+    assert.deepEqual(done.result.outputParameters, { cur_out: 'USDxy', tags_out: '{ab,abcde}', flags_out: '1011' });
+    const alone = await run('billing.codes_nt', { cur: 'EUR' });
+    assert.equal(alone.status, 'SUCCEEDED', JSON.stringify(alone.error));
+    assert.deepEqual(alone.result.outputParameters, { cur_out: 'EURxy', flags_out: '1011' }, 'not cut to char(1) and bit(1)');
+  });
+
+  it('a null that a NOT NULL domain refuses is refused at invoke (also an array element), not accepted to fail at run', async () => {
+    const before = Number((await sql.query('select count(*) as n from asyncproc.executions')).rows[0].n);
+    for (const args of [{ v: null }, { vs: [1, null] }]) {
+      const body = await invoke({ procedure: 'billing.take_required', arguments: args });
+      assert.equal(body.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(args));
+    }
+    assert.equal(Number((await sql.query('select count(*) as n from asyncproc.executions')).rows[0].n), before);
+    assert.equal((await run('billing.take_required', { v: 5, vs: [1, 2] })).status, 'SUCCEEDED');
+  });
+
+  it('a regclass is taken by name, and a number (which the run would look for as a name) is refused at invoke', async () => {
+    const body = await invoke({ procedure: 'billing.take_rel', arguments: { r: '1259' } });
+    assert.equal(body.errors?.[0]?.extensions?.code, 'INVALID_ARGUMENTS', JSON.stringify(body));
+    const done = await run('billing.take_rel', { r: 'pg_class' });
+    assert.equal(done.result.outputParameters.r_out, 'pg_class');
+  });
+
+  it('dates and times inside a range, a multirange or a composite, and in the basic ISO 8601 form, are read in the submitting session and when submitted', async () => {
+    await sql.query(`set timezone = 'Asia/Tokyo'; set datestyle = 'ISO, DMY'`);
+    try {
+      const { rows } = await sql.query<{ token: string; arguments: Record<string, string> }>(
+        `select token::text, arguments from asyncproc.submit('billing.spans', $1::jsonb, run_at => now() + interval '1.5 seconds')`,
+        [JSON.stringify({ r: '[2024-06-01 12:00,infinity)', s: '(2024-06-01 12:00,x)', days: '{[01/02/2024,03/02/2024)}', t: '20240601T120000' })],
+      );
+      const done = await finished(rows[0].token);
+      assert.equal(done.status, 'SUCCEEDED', JSON.stringify(done.error));
+      const out = done.result.outputParameters;
+      for (const at of [out.lower_out, out.at_out, out.t_out]) assert.equal(Date.parse(at), Date.parse('2024-06-01T03:00:00Z'), JSON.stringify(out));
+      assert.equal(out.days_out, '{[2024-02-01,2024-02-03)}', 'day first, as the caller reads dates');
+      // 'now' inside a range is the moment of the submit, not of the run 1.5 s later
+      const { rows: [now] } = await sql.query<{ token: string; submitted: Date }>(
+        `select token::text, clock_timestamp() as submitted from asyncproc.submit('billing.spans', '{"r": "[now,infinity)"}'::jsonb, run_at => now() + interval '1.5 seconds')`,
+      );
+      const later = await finished(now.token);
+      assert.ok(Math.abs(Date.parse(later.result.outputParameters.lower_out) - now.submitted.getTime()) < 1000, JSON.stringify(later.result));
+      assert.doesNotMatch(JSON.stringify(later.arguments), /now/, 'recorded as resolved');
     } finally {
       await sql.query(`reset timezone; reset datestyle`);
     }
