@@ -43,6 +43,13 @@ export interface InvokeCall {
    * mode, SQL callers of the database functions).
    */
   callerRoles?: readonly string[] | null;
+  /**
+   * The caller's key for this call (1–128 characters, no control characters): the same key sent
+   * again by the same caller (`submittedBy`) with the same call returns the execution the first one
+   * made, and submits nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED). Held as
+   * long as that execution's history is kept. Not taken by a batch's calls.
+   */
+  idempotencyKey?: string | null;
 }
 
 export interface ExecutionError {
@@ -501,7 +508,32 @@ export type EngineErrorCode =
    */
   | 'CURSOR_EXPIRED'
   /** The engine cannot honour the setting asked for (grouped commits on SQL Server); nothing was changed. */
-  | 'NOT_SUPPORTED';
+  | 'NOT_SUPPORTED'
+  /** An idempotency key the caller sent before with another call; nothing was submitted. */
+  | 'IDEMPOTENCY_KEY_REUSED';
+
+/** Longest idempotency key, in UTF-16 code units (SQL Server keeps it as nvarchar(128)). */
+export const MAX_IDEMPOTENCY_KEY = 128;
+
+/** BAD_USER_INPUT unless `key` is absent or 1–128 characters, no control character, no white space at either end (InvokeCall.idempotencyKey). */
+export function checkIdempotencyKey(key: unknown): void {
+  if (key === undefined || key === null) return;
+  if (typeof key !== 'string') throw new EngineError('BAD_USER_INPUT', `idempotencyKey must be a string, not ${typeof key}`);
+  if (key.length < 1 || key.length > MAX_IDEMPOTENCY_KEY) throw new EngineError('BAD_USER_INPUT', `idempotencyKey must be 1 to ${MAX_IDEMPOTENCY_KEY} characters`);
+  // SQL Server's = ignores trailing blanks ("k " would be "k"): refused on both engines alike
+  if (key !== key.trim()) throw new EngineError('BAD_USER_INPUT', 'idempotencyKey must not begin or end with white space');
+  // control characters, and half of a surrogate pair (neither database stores one as sent)
+  if (/[\u0000-\u001f\u007f-\u009f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(key)) {
+    throw new EngineError('BAD_USER_INPUT', 'idempotencyKey holds a control character or half of a surrogate pair');
+  }
+}
+
+/** BAD_USER_INPUT if a call of the batch carries an idempotency key: a batch's calls take none. */
+export function refuseKeysInBatch(stages: readonly (readonly InvokeCall[])[]): void {
+  if (stages.some((calls) => Array.isArray(calls) && calls.some((call) => call?.idempotencyKey != null))) {
+    throw new EngineError('BAD_USER_INPUT', "a batch's calls take no idempotency key");
+  }
+}
 
 export class EngineError extends Error {
   constructor(

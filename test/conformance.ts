@@ -1411,5 +1411,64 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         await assert.rejects(pool.request().query(`EXEC asyncexec.usp_AsyncExecProgress @percent = 101`), (e: unknown) => (e as { number?: number }).number === 50045);
       });
     });
+
+    describe('idempotency keys', () => {
+      const call = (key: string, submittedBy: string | null, args: Record<string, unknown> = { a: 1, b: 2 }): InvokeCall => ({
+        procedure: 'demo.add', arguments: args, submittedBy, idempotencyKey: key,
+      });
+
+      it("the same key and call return the first execution and write nothing; another call is refused; keys are the caller's own and case-sensitive", async () => {
+        const key = unique('order');
+        const [first] = await submit([call(key, 'alice')]);
+        const before = await engine.countExecutions({});
+        const [again] = await submit([call(key, 'alice')]);
+        assert.equal(again.token, first.token);
+        // twice in one transaction: the second sees the first
+        const both = await submit([call(key, 'alice'), call(key, 'alice')]);
+        assert.deepEqual(both.map((e) => e.token), [first.token, first.token]);
+        assert.equal(await engine.countExecutions({}), before, 'a replay writes nothing');
+        await expectRefusal(call(key, 'alice', { a: 1, b: 3 }), 'IDEMPOTENCY_KEY_REUSED', new RegExp(first.token));
+        await expectRefusal({ ...call(key, 'alice'), maxAttempts: 2 }, 'IDEMPOTENCY_KEY_REUSED');
+        const others = await submit([call(key, 'bob'), call(key, null), call(key.toUpperCase(), 'alice'), call(key, 'Alice')]);
+        assert.equal(new Set([first.token, ...others.map((e) => e.token)]).size, 5, 'another caller, no caller, another letter case: another key each');
+        await finished([first.token, ...others.map((e) => e.token)]);
+        assert.equal((await submit([call(key, 'alice')]))[0].token, first.token, 'replayed after it ended');
+      });
+
+      it('malformed keys, and keys on a batch, are refused with BAD_USER_INPUT and write nothing', async () => {
+        for (const key of ['', 'k'.repeat(129), 'trailing ', ' leading', 'tab\tkey']) await expectRefusal(call(key, 'alice'), 'BAD_USER_INPUT');
+        const before = await engine.countExecutions({});
+        await assert.rejects(engine.submitBatch([[call(unique('batch'), 'alice')]]), isCode('BAD_USER_INPUT'));
+        assert.equal(await engine.countExecutions({}), before);
+        assert.ok((await submit([call('k'.repeat(128), unique('long'))]))[0].token, '128 characters are a key');
+      });
+
+      it('a second transaction with the key waits for the first: its call if that commits, a new one if it rolls back', async () => {
+        for (const outcome of ['commit', 'rollback'] as const) {
+          const key = unique(`race-${outcome}`);
+          let release!: () => void;
+          const released = new Promise<void>((resolve) => (release = resolve));
+          let firstToken = '';
+          const first = engine
+            .withTransaction(async (tx) => {
+              firstToken = (await engine.invoke(tx, call(key, 'svc'))).token;
+              await released;
+              if (outcome === 'rollback') throw new Error('rolled back on purpose');
+            })
+            .catch((error: Error) => assert.equal(error.message, 'rolled back on purpose'));
+          await waitFor(async () => firstToken !== '', 10_000, 'the first transaction to invoke');
+          let settled = false;
+          const second = submit([call(key, 'svc')]).finally(() => (settled = true));
+          await new Promise((resolve) => setTimeout(resolve, 500));
+          assert.equal(settled, false, 'the second waits for the first');
+          release();
+          await first;
+          const [theirs] = await second;
+          if (outcome === 'commit') assert.equal(theirs.token, firstToken);
+          else assert.notEqual(theirs.token, firstToken);
+          assert.equal(await engine.getExecution(firstToken).then((e) => e?.token ?? null), outcome === 'commit' ? firstToken : null);
+        }
+      });
+    });
   });
 }

@@ -25,6 +25,7 @@ const LANDED: Record<string, string> = {
   'postgres/0015_purge_horizon.sql': 'd7c7708b38648c4374208651e41d003a5e2ce134099c1a0c34683a8683f4add6',
   'postgres/0016_routines_revision.sql': '51a5c7e761996b9a33fefac301361bc232676900b4a4c001aab70dd4fe1adcfb',
   'postgres/0017_json_arguments_as_sent.sql': '70edda184b2bd0ec306f531e7a8edc7e3639944e12994777ce8be5c93afe5289',
+  'postgres/0018_idempotency_keys.sql': '611dd1618436309aaf3adae0ee2ec9f61b269bbae7efb51783912f275ec493fa',
   'mssql/0001_tables.sql': '172e7b6b08d0b476ca8e1b3b8c8f0f5f67252734267328edb8df9f077b24b5f4',
   'mssql/0002_broker.sql': '93787f26ccf577695d6eded861c5acfbaa069ba7fd473679a398385d9cb2b1ef',
   'mssql/0003_catalog.sql': '7d6a089bd3e2df2a09e43a8fd6f4b8aa44409772afdb38e9e0ec0bb41bc3c093',
@@ -41,6 +42,7 @@ const LANDED: Record<string, string> = {
   'mssql/0014_progress.sql': '0ebc5c9559386559d28840b8699e255d1dc7b0303614c713587386a6dc3260b0',
   'mssql/0015_purge_horizon.sql': '22b801c1afdaf13d1e0c402769c4d87fa425de035affd688a84b1b5aab9cc2d8',
   'mssql/0016_routines_revision.sql': 'ac3790e91d3b70f83e365db3c77e8f2269452c0525b3b571640adc9f48960d1c',
+  'mssql/0017_idempotency_keys.sql': '1bec56554936ceb12a040b162a311f5b5aacd176c00e62aaf9a624a895055dc5',
 };
 
 /**
@@ -49,8 +51,8 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 6, sha256: 'b407810e62851b79a39ec95b8a79bda4badae53b27e8e4bd808cf99a5713dd12' },
-  'mssql/procedures': { revision: 5, sha256: '9df9c570408f7f53e5fdc526db240fc7056cbd3ec77537e045c362922fa15677' },
+  'postgres/routines': { revision: 6, sha256: 'ae8df624917ae95f94cc7cc54792bb6d8106434a0cb040553faab699d387b11c' },
+  'mssql/procedures': { revision: 6, sha256: 'be4fbf0f4c3a35841f000fe5a2b04b19c8861f946ebae0b49331aadc969f7b55' },
 };
 
 describe('routines revision', () => {

@@ -303,6 +303,39 @@ describe('mssql run: invoke inside a distributed transaction (item 10 of the iss
   });
 });
 
+describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conformance suite runs them with MSSQL_URL)', () => {
+  it('reads the key under update and key-range locks held to the end of the transaction, and refuses another call with 50016', async () => {
+    const replay = codeOnly(await procedure('usp_AsyncExecReplay'));
+    assert.match(replay, /SET TRANSACTION ISOLATION LEVEL READ COMMITTED;/, 'a current read also for a SNAPSHOT caller');
+    assert.match(replay, /SELECT @id = k\.execution_id, @token = k\.execution_token, @madeDigest = k\.request_digest\s+FROM asyncexec\.AsyncExecIdempotencyKeys AS k WITH \(UPDLOCK, HOLDLOCK\)\s+WHERE k\.scope = @scope AND k\.idempotency_key = @key;/);
+    assert.doesNotMatch(replay, /AsyncExecResults/, 'the key row alone');
+    assert.match(replay, /IF @madeDigest <> @digest\s+BEGIN[\s\S]*THROW 50016, @message, 1;/);
+  });
+
+  it('answers a replay before any check of the call, checks again inside its own transaction, and records the key with the call', async () => {
+    const invoke = codeOnly(await procedure('usp_AsyncExecInvoke'));
+    const replays = [...invoke.matchAll(/EXEC asyncexec\.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;/g)].map((m) => m.index!);
+    assert.equal(replays.length, 2);
+    assert.ok(replays[0] < invoke.indexOf('FROM asyncexec.AsyncExecProcedures AS r'), 'the first, before the registration is read');
+    const tryAt = invoke.indexOf('BEGIN TRY\n        IF @idempotencyKey IS NOT NULL AND @trancount = 0');
+    assert.ok(tryAt > 0 && replays[1] > tryAt && replays[1] < invoke.indexOf('SET @token = NEWID();'), 'the second, first in the TRY, in our own transaction only');
+    const results = invoke.indexOf('INSERT asyncexec.AsyncExecResults');
+    const key = invoke.indexOf('INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)');
+    assert.ok(results > 0 && key > results && key < invoke.indexOf('BEGIN CATCH', key), 'the key is written after the call, in the same TRY');
+    // a parameter one longer than a key: a longer value is cut to 129 and refused, never cut to a valid key
+    assert.match(invoke, /@idempotencyKey nvarchar\(129\) = NULL/);
+    assert.match(invoke, /IF DATALENGTH\(@idempotencyKey\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@idempotencyKey\) <> DATALENGTH\(RTRIM\(@idempotencyKey\)\)/);
+  });
+
+  it('keeps keys in a table of their own, compared under a binary collation, purged with their call', async () => {
+    const table = codeOnly(await file('0017_idempotency_keys.sql'));
+    assert.match(table, /scope\s+nvarchar\(256\)\s+COLLATE Latin1_General_100_BIN2 NOT NULL/);
+    assert.match(table, /idempotency_key\s+nvarchar\(128\)\s+COLLATE Latin1_General_100_BIN2 NOT NULL/);
+    assert.match(table, /REFERENCES asyncexec\.AsyncExecResults \(id\) ON DELETE CASCADE/);
+    assert.doesNotMatch(table, /\bWHERE\b/, 'no filtered index');
+  });
+});
+
 describe('mssql pools: no connection is handed out again with a transaction left open', () => {
   it("mssql checks each connection it hands out through the pool's _poolValidate, which the engine's pools replace with a check of @@TRANCOUNT", async () => {
     // a request cut by its requestTimeout inside a procedure run with XACT_ABORT OFF leaves its

@@ -18,6 +18,11 @@ export const InvokeInput = builder.inputType('InvokeInput', {
     queue: t.string({ required: false, description: "Defaults to the procedure's queue." }),
     runAt: t.field({ type: 'DateTime', required: false, description: 'Not started before this instant.' }),
     maxAttempts: t.int({ required: false, description: "Defaults to the procedure's registration." }),
+    idempotencyKey: t.string({
+      required: false,
+      description:
+        "Your key for this call (1–128 characters), to send it again safely when you cannot tell whether it was submitted (a timeout, a 503, a lost connection): the same key with the same call returns the execution the first one made, and submits nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED). Keys are per caller, and held as long as the execution's history is kept. Not taken in a batch's calls.",
+    }),
   }),
 });
 
@@ -27,6 +32,7 @@ export type InvokeInputShape = {
   queue?: string | null;
   runAt?: Date | null;
   maxAttempts?: number | null;
+  idempotencyKey?: string | null;
 };
 
 /** Arguments are at most ASYNCPROC_MAX_ARGUMENT_BYTES as JSON (a call's, and a schedule's, which each firing submits). */
@@ -51,6 +57,7 @@ export function toCall(input: InvokeInputShape, context: Context): InvokeCall {
     maxAttempts: input.maxAttempts ?? null,
     submittedBy: context.principal.subject,
     callerRoles: callerRoles(context.principal),
+    idempotencyKey: input.idempotencyKey ?? null,
   };
 }
 

@@ -4,6 +4,8 @@
 --   50001 UNKNOWN_PROCEDURE  the procedure is not registered, or no longer exists
 --   50002 INVALID_ARGUMENTS  arguments are not a JSON object, or do not fit the signature
 --   50003 UNKNOWN_QUEUE      the queue does not exist
+--   50005 BAD_USER_INPUT     (also) a malformed idempotency key, or one given to a batch's call
+--   50016 IDEMPOTENCY_KEY_REUSED  the key was sent before by this caller with another call
 -- Every check runs before the first write, so a refusal leaves the caller's
 -- transaction as it was (unless the caller runs with XACT_ABORT ON, where any
 -- error dooms its transaction).
@@ -24,7 +26,11 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecInvoke
     @id          bigint = NULL OUTPUT,
     @batchId     uniqueidentifier = NULL,  -- the batch it belongs to (usp_AsyncExecBatchCreate)
     @stage       int = NULL,               -- its 1-based stage in that batch
-    @callerRoles nvarchar(max) = NULL      -- JSON array of the caller's roles; NULL: not checked
+    @callerRoles nvarchar(max) = NULL,     -- JSON array of the caller's roles; NULL: not checked
+    -- The caller's key for this call (0017_idempotency_keys.sql): 1 to 128 characters. Declared one
+    -- longer: a longer value passed to a parameter is cut to its length without an error, and a key
+    -- cut to 128 would be another key; cut to 129, it is refused.
+    @idempotencyKey nvarchar(129) = NULL
 WITH EXECUTE AS OWNER
 AS
 BEGIN
@@ -34,6 +40,42 @@ BEGIN
             @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max),
             @queueName nvarchar(100), @refused nvarchar(400);
     SET @arguments = COALESCE(@arguments, N'{}');
+
+    -- An idempotency key this caller sent before: the same call gets the execution it made (@token,
+    -- @id) and nothing is written; another call is refused (50016). Checked before everything
+    -- else, as on PostgreSQL: a replay is answered as the first call was, whatever changed since
+    -- (the procedure unregistered, the caller's roles). Inside the caller's transaction the lock
+    -- taken here lasts until it ends (usp_AsyncExecReplay); in our own, the check is made again.
+    DECLARE @scope nvarchar(256) = COALESCE(@submittedBy, N''), @digest varbinary(32), @madeId bigint, @madeToken uniqueidentifier;
+    IF @idempotencyKey IS NOT NULL
+    BEGIN
+        -- DATALENGTH, not LEN: LEN ignores trailing blanks. A trailing blank is refused because =
+        -- ignores it, whatever the collation ("= (String comparison or assignment)"): "k " would be
+        -- the key "k".
+        IF DATALENGTH(@idempotencyKey) NOT BETWEEN 2 AND 256 OR DATALENGTH(@idempotencyKey) <> DATALENGTH(RTRIM(@idempotencyKey))
+        BEGIN
+            SET @message = N'an idempotency key is 1 to 128 characters, and does not end with a blank';
+            SET @message = REPLACE(@message, N'%', N'%%');
+            THROW 50005, @message, 1;
+        END;
+        IF @batchId IS NOT NULL
+        BEGIN
+            SET @message = N'a call of a batch takes no idempotency key';
+            SET @message = REPLACE(@message, N'%', N'%%');
+            THROW 50005, @message, 1;
+        END;
+        -- the call as it was asked for, before any default is applied; NCHAR(31) (unit separator)
+        -- between the parts, CONCAT's NULL as ''. HASHBYTES takes input of any length from SQL
+        -- Server 2016 on ("HASHBYTES (Transact-SQL)"), as the service requires.
+        SET @digest = HASHBYTES('SHA2_256', CONCAT(@procedure, NCHAR(31), @arguments, NCHAR(31), @queue, NCHAR(31),
+                                                   CONVERT(nvarchar(30), @runAt, 126), NCHAR(31), @maxAttempts));
+        EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
+        IF @madeId IS NOT NULL
+        BEGIN
+            SELECT @id = @madeId, @token = @madeToken;
+            RETURN;
+        END;
+    END;
 
     SELECT @registered = r.name, @registeredQueue = r.queue, @registeredAttempts = r.max_attempts, @registeredRoles = r.roles,
            @object = OBJECT_ID(QUOTENAME(r.schema_name) + N'.' + QUOTENAME(r.procedure_name), N'P')
@@ -290,6 +332,18 @@ BEGIN
         END CATCH;
     END;
     BEGIN TRY
+        IF @idempotencyKey IS NOT NULL AND @trancount = 0
+        BEGIN
+            -- our own transaction: the check above held its lock for its statement only, and
+            -- another invoke of the key may have committed since; checked again, locked to our end
+            EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
+            IF @madeId IS NOT NULL
+            BEGIN
+                COMMIT TRANSACTION;
+                SELECT @id = @madeId, @token = @madeToken;
+                RETURN;
+            END;
+        END;
         SET @token = NEWID();
         IF @held = 0
         BEGIN
@@ -306,6 +360,9 @@ BEGIN
             (@token, @registered, @arguments, @queue, @status, @runAt, COALESCE(@maxAttempts, @registeredAttempts),
              @submittedBy, ORIGINAL_LOGIN(), @h, @batchId, @stage, @held);
         SET @id = SCOPE_IDENTITY();
+        IF @idempotencyKey IS NOT NULL
+            INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)
+            VALUES (@scope, @idempotencyKey, @id, @token, @digest);
         IF @held = 0
         BEGIN
             SET @body = (SELECT @id AS [@id] FOR XML PATH('request'), TYPE);

@@ -1,7 +1,12 @@
 -- caller_roles: the roles of a caller the service has verified; a procedure registered with
 -- roles refuses (AP005) a caller holding none of them and not admin. null: not checked (SQL
 -- callers in their own transactions, the service with authentication off).
+-- idempotency_key (0018_idempotency_keys.sql): a key this caller (submitted_by) sent before with
+-- the same call returns that call's execution, and nothing is submitted; with another call it is
+-- refused (AP012). Checked before anything else: a replay is answered as the first call was,
+-- whatever changed since (the procedure unregistered, the caller's roles).
 drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer);
+drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[]);
 create or replace function asyncproc.submit(
   procedure    text,
   arguments    jsonb default '{}',
@@ -12,7 +17,8 @@ create or replace function asyncproc.submit(
   quiet        boolean default false,   -- true: the caller notifies after its commit
   in_batch     uuid default null,
   in_stage     integer default null,    -- 1-based; stages after the first are held
-  caller_roles text[] default null
+  caller_roles text[] default null,
+  idempotency_key text default null
 ) returns asyncproc.executions
 language plpgsql as $$
 declare
@@ -23,8 +29,25 @@ declare
   queue_name text;
   refused    text;
   is_held    boolean := in_batch is not null and coalesce(in_stage, 1) > 1;
+  digest     bytea;
 begin
   arguments := coalesce(arguments, '{}');
+  if idempotency_key is not null then
+    if length(idempotency_key) not between 1 and 128 or idempotency_key ~ '[[:cntrl:]]' then
+      raise exception 'an idempotency key is 1 to 128 characters, none of them a control character' using errcode = 'AP004';
+    end if;
+    if in_batch is not null then
+      raise exception 'a call of a batch takes no idempotency key' using errcode = 'AP004';
+    end if;
+    -- the call as it was asked for, before any default or resolution is applied (run_at as an
+    -- epoch: its text would follow the session's TimeZone)
+    digest := sha256(convert_to(jsonb_build_array(submit.procedure, arguments, submit.queue,
+                                                  extract(epoch from submit.run_at), submit.max_attempts)::text, 'UTF8'));
+    submitted := asyncproc.replayed(submit.submitted_by, submit.idempotency_key, digest);
+    if submitted.id is not null then
+      return submitted;
+    end if;
+  end if;
   if jsonb_typeof(arguments) <> 'object' then
     raise exception 'arguments must be a JSON object keyed by parameter name' using errcode = 'AP002';
   end if;
@@ -89,13 +112,38 @@ begin
     raise exception 'queue "%" does not exist', queue_name using errcode = 'AP003';
   end if;
 
-  insert into asyncproc.executions (procedure, arguments, queue, status, run_at, max_attempts, submitted_by,
-                                    batch_id, stage, held)
-  values (registered.name, arguments, queue_name,
-          case when is_held or submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
-          coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by,
-          in_batch, case when in_batch is not null then coalesce(in_stage, 1) end, is_held)
-  returning * into submitted;
+  if submit.idempotency_key is null then
+    insert into asyncproc.executions (procedure, arguments, queue, status, run_at, max_attempts, submitted_by,
+                                      batch_id, stage, held)
+    values (registered.name, arguments, queue_name,
+            case when is_held or submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
+            coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by,
+            in_batch, case when in_batch is not null then coalesce(in_stage, 1) end, is_held)
+    returning * into submitted;
+  else
+    -- (never in a batch: refused above)
+    insert into asyncproc.executions (procedure, arguments, queue, status, run_at, max_attempts, submitted_by,
+                                      idempotency_key, request_digest)
+    values (registered.name, arguments, queue_name,
+            case when submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
+            coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by, submit.idempotency_key, digest)
+    -- a concurrent transaction that took the key first: this insert waited for it to end, and
+    -- inserts nothing if it committed (under REPEATABLE READ or SERIALIZABLE, a row this
+    -- transaction's snapshot does not see fails it with 40001 instead: it can be tried again).
+    -- No conflict target: the key's index is on an expression of a column named as a parameter
+    -- here, which a target cannot qualify; the other unique columns (id, token) are generated.
+    on conflict do nothing
+    returning * into submitted;
+    if not found then
+      submitted := asyncproc.replayed(submit.submitted_by, submit.idempotency_key, digest);
+      if submitted.id is null then
+        -- the call that took the key is gone again (purged in between): a try later finds the key free
+        raise exception 'idempotency key "%" was taken and freed while this call waited for it', idempotency_key
+          using errcode = 'serialization_failure';
+      end if;
+      return submitted;
+    end if;
+  end if;
   if submitted.status = 'PENDING' then
     insert into asyncproc.ready (queue, id) values (submitted.queue, submitted.id);
   end if;

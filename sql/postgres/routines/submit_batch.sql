@@ -31,7 +31,9 @@ begin
              lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
                                       (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
                                       submit_batch.submitted_by, quiet, new_batch, stage_no::integer,
-                                      asyncproc.text_array(c.call -> 'callerRoles')) e
+                                      asyncproc.text_array(c.call -> 'callerRoles'),
+                                      -- refused (AP004): a batch's call takes no idempotency key
+                                      idempotency_key => c.call ->> 'idempotencyKey') e
        order by c.n;
   end loop;
 end

@@ -12,6 +12,7 @@ import sql from 'mssql';
 import {
   BATCH_STATUSES,
   EngineError,
+  refuseKeysInBatch,
   type Batch,
   type BatchFailurePolicy,
   type BatchStage,
@@ -40,6 +41,7 @@ export function checkBatch(stages: readonly (readonly InvokeCall[])[], options: 
       throw new EngineError('BAD_USER_INPUT', `stage ${index + 1} of the batch has no calls`);
     }
   });
+  refuseKeysInBatch(stages);
   const onFailure = options.onFailure ?? 'CANCEL';
   if (!POLICIES.includes(onFailure)) throw new EngineError('BAD_USER_INPUT', `onFailure must be CANCEL or CONTINUE, not ${String(onFailure)}`);
   const submittedBy = options.submittedBy ?? null;

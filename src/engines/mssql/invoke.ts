@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { getExecutionsById } from './executions.js';
@@ -31,6 +31,7 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
     throw new EngineError('BAD_USER_INPUT', 'submittedBy is at most 256 characters');
   }
   if (call.runAt != null && Number.isNaN(call.runAt.getTime())) throw new EngineError('BAD_USER_INPUT', 'runAt is not a valid time');
+  checkIdempotencyKey(call.idempotencyKey);
   // no parameter's name is longer than a sysname (128), and what OPENJSON does with a key past
   // its nvarchar(4000) is not documented: refused here, as the unknown argument it is
   const longKey = call.arguments && typeof call.arguments === 'object' ? Object.keys(call.arguments).find((key) => key.length > 128) : undefined;
@@ -49,6 +50,8 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
   request.input('stage', sql.Int, placement?.stage ?? null);
   const roles = callerRoles(call.callerRoles);
   request.input('callerRoles', sql.NVarChar(sql.MAX), roles && JSON.stringify(roles));
+  // declared as the procedure declares it (one longer than a key may be: usp_AsyncExecInvoke.sql)
+  request.input('idempotencyKey', sql.NVarChar(129), call.idempotencyKey ?? null);
   request.output('token', sql.UniqueIdentifier);
   request.output('id', sql.BigInt);
   try {

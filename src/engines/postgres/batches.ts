@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { EngineError, isUuid, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
+import { EngineError, isUuid, refuseKeysInBatch, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
 import { callsAsJson, checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
@@ -7,6 +7,7 @@ import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 /** Shape checks that need no database (the database repeats them for plain-SQL callers). */
 export function checkStages(stages: readonly (readonly InvokeCall[])[]): void {
   if (!stages.length) throw new EngineError('BAD_USER_INPUT', 'a batch needs at least one stage');
+  refuseKeysInBatch(stages);
   stages.forEach((calls, i) => {
     if (!calls.length) throw new EngineError('BAD_USER_INPUT', `stage ${i + 1} of the batch has no calls`);
     calls.forEach(checkArguments);

@@ -14,6 +14,8 @@ const CODES: Record<string, EngineErrorCode> = {
   AP007: 'BAD_USER_INPUT',
   /** register: the name is registered for another routine (an overload), whose calls have not ended. */
   AP009: 'BAD_USER_INPUT',
+  /** submit: an idempotency key the caller sent before with another call (replayed.sql). */
+  AP012: 'IDEMPOTENCY_KEY_REUSED',
 };
 
 /** Our own SQLSTATEs become EngineErrors; anything else passes through unchanged. */

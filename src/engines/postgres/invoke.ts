@@ -1,16 +1,17 @@
 import type pg from 'pg';
-import { EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 import { ENGINE_TYPES } from './types.js';
 
-/** Arguments are a JSON object keyed by parameter name (the database checks the rest). */
+/** Arguments are a JSON object keyed by parameter name, and a key is one (the database checks the rest). */
 export function checkArguments(call: InvokeCall): void {
   if (call === null || typeof call !== 'object') throw new EngineError('BAD_USER_INPUT', 'a call must be an object: { procedure, arguments, … }');
   if (call.arguments === null || typeof call.arguments !== 'object' || Array.isArray(call.arguments)) {
     throw new EngineError('INVALID_ARGUMENTS', 'arguments must be a JSON object keyed by parameter name');
   }
+  checkIdempotencyKey(call.idempotencyKey);
 }
 
 /** Longest `submittedBy` kept, in UTF-8 bytes (an index holds it: past about 2,700 bytes PostgreSQL refuses the row). */
@@ -100,10 +101,10 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
 }
 
 const SUBMIT_IN_CALLERS_TRANSACTION = `select r.refused_code, r.refused_message, r.refused_hint, ${EXECUTION_COLUMNS}
-  from asyncproc.submit_or_refuse($1, $2::jsonb, $3, $4, $5, $6, $7, $8::text[]) r
+  from asyncproc.submit_or_refuse($1, $2::jsonb, $3, $4, $5, $6, $7, $8::text[], $9) r
   cross join lateral (select (r.execution).*) e`;
 
-const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[]) e`;
+const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[], idempotency_key => $9) e`;
 
 function submitValues(call: InvokeCall, quiet: boolean): unknown[] {
   return [
@@ -115,6 +116,7 @@ function submitValues(call: InvokeCall, quiet: boolean): unknown[] {
     call.submittedBy ?? null,
     quiet,
     callerRoles(call.callerRoles),
+    call.idempotencyKey ?? null,
   ];
 }
 
@@ -151,7 +153,8 @@ async function submitRows(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<
             lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
                                      (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
                                      c.call ->> 'submittedBy', true,
-                                     caller_roles => asyncproc.text_array(c.call -> 'callerRoles')) e
+                                     caller_roles => asyncproc.text_array(c.call -> 'callerRoles'),
+                                     idempotency_key => c.call ->> 'idempotencyKey') e
       order by c.n`,
     values: [JSON.stringify(callsAsJson(calls))],
   });

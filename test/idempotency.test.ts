@@ -1,0 +1,213 @@
+/**
+ * Idempotency keys (InvokeInput.idempotencyKey, 0018_idempotency_keys.sql): a caller that cannot
+ * tell whether its call was submitted sends it again with the same key, and exactly one execution
+ * exists whatever happened to the first answer. Real signed tokens, real HTTP, two service
+ * instances on one real PostgreSQL, and callers' own transactions racing on one key.
+ */
+import assert from 'node:assert/strict';
+import { connect } from 'node:net';
+import { after, before, describe, it } from 'node:test';
+import { SignJWT } from 'jose';
+import type pg from 'pg';
+import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
+import { EngineError } from '../src/engine.js';
+import { startTestApp, type TestApp } from './support/app.js';
+import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
+
+const SECRET = 'a-test-secret-of-at-least-thirty-two-characters';
+const AUTH = { ASYNCPROC_JWT_SECRET: SECRET, ASYNCPROC_RATE_LIMIT: '10000' };
+const bearer = async (sub: string) => ({
+  authorization: `Bearer ${await new SignJWT({}).setProtectedHeader({ alg: 'HS256' }).setSubject(sub).setIssuedAt().setExpirationTime('10m').sign(new TextEncoder().encode(SECRET))}`,
+});
+
+let cluster: TestCluster;
+let url: string;
+let sql: pg.Client;
+let engine: PostgresEngine;
+let one: TestApp;
+let two: TestApp;
+let alice: Record<string, string>;
+let bob: Record<string, string>;
+
+before(async () => {
+  cluster = await startTestCluster();
+  url = await cluster.createDatabase();
+  one = await startTestApp(url, AUTH);
+  two = await startTestApp(url, AUTH);
+  engine = createPostgresEngine({ connectionString: url });
+  sql = await cluster.connect(url);
+  alice = await bearer('alice');
+  bob = await bearer('bob');
+});
+after(async () => {
+  await sql?.end();
+  await engine?.close();
+  await one?.stop();
+  await two?.stop();
+  await cluster?.stop();
+});
+
+const INVOKE = 'mutation($i: InvokeInput!) { invoke(input: $i) { execution { token status submittedBy } } }';
+async function invoke(app: TestApp, headers: Record<string, string>, input: Record<string, unknown>) {
+  const { status, body } = await app.gql(INVOKE, { i: { procedure: 'demo.add', arguments: { a: 1, b: 2 }, ...input } }, headers);
+  return { status, token: body.data?.invoke?.execution?.token as string | undefined, code: body.errors?.[0]?.extensions?.code as string | undefined, body };
+}
+/** Executions holding `key` (any caller's). */
+const holding = async (key: string) =>
+  (await sql.query<{ token: string; submitted_by: string | null }>('select token::text, submitted_by from asyncproc.executions where idempotency_key = $1 order by id', [key])).rows;
+const executions = async () => Number((await sql.query('select count(*) as n from asyncproc.executions')).rows[0].n);
+
+describe('an idempotency key', () => {
+  it('sent again with the same call returns the first execution and submits nothing, however many times and on whichever instance', async () => {
+    const first = await invoke(one, alice, { idempotencyKey: 'order-1' });
+    assert.equal(first.status, 200);
+    assert.ok(first.token, JSON.stringify(first.body));
+    // it runs to its end meanwhile: a replay answers with the execution as it is now
+    const ended = await waitFor(async () => {
+      const { rows } = await sql.query('select status from asyncproc.executions where token = $1', [first.token]);
+      return rows[0]?.status === 'SUCCEEDED' && rows[0].status;
+    });
+    for (const app of [one, two, one]) {
+      const again = await invoke(app, alice, { idempotencyKey: 'order-1' });
+      assert.equal(again.token, first.token);
+      assert.equal(again.body.data.invoke.execution.status, ended);
+    }
+    // the same key twice in one request: one execution for both
+    const { body } = await one.gql(
+      'mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }',
+      { i: [1, 2].map(() => ({ procedure: 'demo.add', arguments: { a: 5, b: 5 }, idempotencyKey: 'order-2' })) },
+      alice,
+    );
+    const [a, b] = body.data.invokeMany.executions.map((e: { token: string }) => e.token);
+    assert.equal(a, b);
+    assert.deepEqual((await holding('order-1')).map((r) => r.token), [first.token]);
+    assert.deepEqual((await holding('order-2')).map((r) => r.token), [a]);
+  });
+
+  it('sent with another call is refused (IDEMPOTENCY_KEY_REUSED), naming the execution it made, and nothing is written', async () => {
+    const first = await invoke(one, alice, { idempotencyKey: 'order-3' });
+    const before = await executions();
+    for (const other of [{ arguments: { a: 1, b: 3 } }, { procedure: 'demo.noop', arguments: {} }, { maxAttempts: 3 }, { runAt: new Date(Date.now() + 60_000).toISOString() }, { queue: 'default' }]) {
+      const refused = await invoke(two, alice, { idempotencyKey: 'order-3', ...other });
+      assert.equal(refused.status, 200);
+      assert.equal(refused.code, 'IDEMPOTENCY_KEY_REUSED', `${JSON.stringify(other)}: ${JSON.stringify(refused.body)}`);
+      assert.match(refused.body.errors?.[0]?.message, new RegExp(first.token!));
+    }
+    // the same JSON with its keys in another order is the same call
+    assert.equal((await invoke(one, alice, { idempotencyKey: 'order-3', arguments: { b: 2, a: 1 } })).token, first.token);
+    assert.equal(await executions(), before);
+  });
+
+  it("is the caller's own: another caller's same key makes another execution, and learns nothing of the first", async () => {
+    const mine = await invoke(one, alice, { idempotencyKey: 'shared-name' });
+    const theirs = await invoke(one, bob, { idempotencyKey: 'shared-name', arguments: { a: 7, b: 7 } });
+    assert.ok(theirs.token && theirs.token !== mine.token, JSON.stringify(theirs.body));
+    assert.deepEqual((await holding('shared-name')).map((r) => r.submitted_by), ['alice', 'bob']);
+  });
+
+  it('malformed, or on a batch call, is refused with BAD_USER_INPUT and writes nothing', async () => {
+    const before = await executions();
+    for (const key of ['', 'x'.repeat(129), 'tab\there', 'nul\u0000', 'half\ud800']) {
+      const refused = await invoke(one, alice, { idempotencyKey: key });
+      assert.equal(refused.code, 'BAD_USER_INPUT', `${JSON.stringify(key)}: ${JSON.stringify(refused.body)}`);
+    }
+    assert.ok((await invoke(one, alice, { idempotencyKey: 'ü'.repeat(128) })).token, '128 characters are taken');
+    const batch = await one.gql(
+      'mutation($s: [[InvokeInput!]!]!) { submitBatch(input: { stages: $s }) { batch { id } } }',
+      { s: [[{ procedure: 'demo.noop', idempotencyKey: 'batch-1' }]] },
+      alice,
+    );
+    assert.equal(batch.body.errors?.[0]?.extensions?.code, 'BAD_USER_INPUT', JSON.stringify(batch.body));
+    await assert.rejects(engine.submitBatch([[{ procedure: 'demo.noop', arguments: {}, idempotencyKey: 'batch-2' }]]), { code: 'BAD_USER_INPUT' });
+    // a plain SQL caller of invoke_batch is refused by the database itself
+    await assert.rejects(sql.query(`select asyncproc.invoke_batch('[[{"procedure": "demo.noop", "idempotencyKey": "batch-3"}]]')`), { code: 'AP004' });
+    assert.equal(await executions(), before + 1);
+    assert.equal(Number((await sql.query('select count(*) as n from asyncproc.batches')).rows[0].n), 0);
+  });
+
+  it('held by a client whose connection dropped before the answer: its retry gets the call the first request committed', async () => {
+    const body = JSON.stringify({ query: INVOKE, variables: { i: { procedure: 'demo.add', arguments: { a: 2, b: 2 }, idempotencyKey: 'dropped-1' } } });
+    const { port } = new URL(one.url);
+    // the whole request, then the socket reset at once: the client never reads an answer
+    await new Promise<void>((resolve, reject) => {
+      const socket = connect(Number(port), '127.0.0.1', () => {
+        socket.write(
+          `POST /graphql HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\nAuthorization: ${alice.authorization}\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
+          () => setTimeout(() => (socket.resetAndDestroy(), resolve()), 5),
+        );
+      });
+      socket.on('error', reject);
+    });
+    // the service committed it though the client left (what the client cannot know)
+    const [committed] = await waitFor(async () => {
+      const rows = await holding('dropped-1');
+      return rows.length > 0 && rows;
+    }, 10_000, 'the dropped request to commit');
+    const retried = await invoke(two, alice, { idempotencyKey: 'dropped-1', arguments: { a: 2, b: 2 } });
+    assert.equal(retried.token, committed.token);
+    assert.equal((await holding('dropped-1')).length, 1);
+  });
+
+  it('sent by 40 requests at once to two instances makes exactly one execution, and every request gets its token', async () => {
+    const answers = await Promise.all(Array.from({ length: 40 }, (_, i) => invoke(i % 2 ? one : two, alice, { idempotencyKey: 'race-1' })));
+    const tokens = new Set(answers.map((a) => a.token));
+    assert.equal(tokens.size, 1, JSON.stringify(answers.map((a) => a.body).filter((b) => b.errors)));
+    assert.deepEqual((await holding('race-1')).map((r) => r.token), [...tokens]);
+  });
+
+  it("in callers' own transactions: the second waits for the first, gets its call if it commits, and makes its own if it rolls back", async () => {
+    for (const outcome of ['commit', 'rollback'] as const) {
+      const key = `tx-${outcome}`;
+      const [first, second] = [await cluster.connect(url), await cluster.connect(url)];
+      try {
+        await first.query('begin');
+        const mine = await engine.invoke(first, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: key });
+        await second.query('begin');
+        let settled = false;
+        const waiting = engine.invoke(second, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: key }).finally(() => (settled = true));
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        assert.equal(settled, false, 'the second waits on the first transaction');
+        await first.query(outcome);
+        const theirs = await waiting;
+        await second.query('commit');
+        if (outcome === 'commit') assert.equal(theirs.token, mine.token);
+        else assert.notEqual(theirs.token, mine.token);
+        assert.deepEqual((await holding(key)).map((r) => r.token), [theirs.token]);
+      } finally {
+        await first.end();
+        await second.end();
+      }
+    }
+  });
+
+  it("refused in a caller's transaction leaves that transaction usable, and the SQL interface (invoke_once) keeps its keys too", async () => {
+    const client = await cluster.connect(url);
+    try {
+      await client.query('begin');
+      const first = await engine.invoke(client, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: 'lib-1' });
+      const refused = await engine.invoke(client, { procedure: 'demo.add', arguments: { a: 1, b: 1 }, submittedBy: 'svc', idempotencyKey: 'lib-1' }).catch((e: unknown) => e);
+      assert.ok(refused instanceof EngineError && refused.code === 'IDEMPOTENCY_KEY_REUSED', String(refused));
+      await client.query('commit');
+      assert.deepEqual((await holding('lib-1')).map((r) => r.token), [first.token]);
+    } finally {
+      await client.end();
+    }
+    const once = async (key: string | null, a = 1) =>
+      (await sql.query(`select asyncproc.invoke_once($1, 'demo.add', jsonb_build_object('a', $2::int, 'b', 1), submitted_by => 'svc') as t`, [key, a])).rows[0].t;
+    const token = await once('sql-1');
+    assert.equal(await once('sql-1'), token);
+    await assert.rejects(once('sql-1', 2), { code: 'AP012' });
+    await assert.rejects(once(null), { code: 'AP004' }, 'invoke_once takes a key');
+    // the same key of the library's caller 'svc' is one scope with the SQL caller's 'svc'
+    assert.deepEqual((await holding('sql-1')).map((r) => r.token), [token]);
+  });
+
+  it('is freed by retention with its execution: sent after the purge, it makes a new one', async () => {
+    const first = await invoke(one, alice, { idempotencyKey: 'kept-1' });
+    await waitFor(async () => (await sql.query('select 1 from asyncproc.executions where token = $1 and finished_at is not null', [first.token])).rowCount);
+    assert.ok((await engine.purge(0)) >= 1);
+    const after = await invoke(one, alice, { idempotencyKey: 'kept-1' });
+    assert.ok(after.token && after.token !== first.token, JSON.stringify(after.body));
+    assert.deepEqual((await holding('kept-1')).map((r) => r.token), [after.token]);
+  });
+});
