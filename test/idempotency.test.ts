@@ -205,6 +205,7 @@ describe('an idempotency key', () => {
   it('is freed by retention with its execution: sent after the purge, it makes a new one', async () => {
     const first = await invoke(one, alice, { idempotencyKey: 'kept-1' });
     await waitFor(async () => (await sql.query('select 1 from asyncproc.executions where token = $1 and finished_at is not null', [first.token])).rowCount);
+    assert.equal((await invoke(one, alice, { idempotencyKey: 'kept-1' })).token, first.token, 'held while its execution is kept');
     assert.ok((await engine.purge(0)) >= 1);
     const after = await invoke(one, alice, { idempotencyKey: 'kept-1' });
     assert.ok(after.token && after.token !== first.token, JSON.stringify(after.body));
