@@ -178,24 +178,31 @@ export function useHttpOperations(options: HttpOperationOptions): Plugin {
         });
         return;
       }
-      if (!options.countCallers) return;
-      const caller = context.principal?.subject ?? '';
-      const held = open.get(caller) ?? 0;
-      if (held >= maxStreams) {
-        setResultAndStopExecution({
-          errors: [new GraphQLError(`at most ${maxStreams} open subscriptions over SSE per caller`, { extensions: { code: 'TOO_MANY_SUBSCRIPTIONS', http: { status: 429 } } })],
-        });
-        return;
+      // this caller's place in its SSE limit (with sign-in on), given back once, however the stream ends
+      let release = () => {};
+      if (options.countCallers) {
+        const caller = context.principal?.subject ?? '';
+        const held = open.get(caller) ?? 0;
+        if (held >= maxStreams) {
+          setResultAndStopExecution({
+            errors: [new GraphQLError(`at most ${maxStreams} open subscriptions over SSE per caller`, { extensions: { code: 'TOO_MANY_SUBSCRIPTIONS', http: { status: 429 } } })],
+          });
+          return;
+        }
+        open.set(caller, held + 1);
+        let released = false;
+        release = () => {
+          if (released) return;
+          released = true;
+          const left = (open.get(caller) ?? 1) - 1;
+          if (left > 0) open.set(caller, left);
+          else open.delete(caller);
+        };
       }
-      open.set(caller, held + 1);
-      let released = false;
-      const release = () => {
-        if (released) return;
-        released = true;
-        const left = (open.get(caller) ?? 1) - 1;
-        if (left > 0) open.set(caller, left);
-        else open.delete(caller);
-      };
+      // A client that leaves (a tab navigating away) while its stream is being made: the stream
+      // came after yoga stopped listening, nothing read it, nothing ended it, and it held its place
+      // in the hub (and in this caller's SSE limit) for good. Ended here when the request ends first.
+      const { signal } = request;
       return {
         onSubscribeResult({ result }) {
           // an error instead of a stream: nothing stays open
@@ -203,9 +210,21 @@ export function useHttpOperations(options: HttpOperationOptions): Plugin {
             release();
             return;
           }
-          return { onEnd: release };
+          const stream = result as AsyncGenerator<unknown>;
+          const left = () => {
+            void stream.return?.(undefined);
+            release();
+          };
+          if (signal.aborted) left();
+          else signal.addEventListener('abort', left, { once: true });
+          return {
+            onEnd: () => {
+              signal.removeEventListener('abort', left);
+              release();
+            },
+          };
         },
-        onSubscribeError: release,
+        onSubscribeError: () => release(),
       };
     },
   };
