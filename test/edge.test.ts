@@ -736,4 +736,51 @@ describe('a hostile HTTP peer (a probe with the code open)', () => {
       await limited.stop();
     }
   });
+
+  it('an SSE request its client leaves while the subscription is being set up gives its place back and leaves no stream behind, signed in or not', async () => {
+    const { SignJWT } = await import('jose');
+    const secret = 'z'.repeat(40);
+    const limited = await startTestApp(await cluster.createDatabase(), { ASYNCPROC_JWT_SECRET: secret, ASYNCPROC_MAX_SSE_STREAMS_PER_CALLER: '3' }, log.logger);
+    const open = await startTestApp(await cluster.createDatabase(), {}, log.logger);
+    const jwt = await new SignJWT({ roles: [] }).setProtectedHeader({ alg: 'HS256' }).setSubject('leaving-caller').setExpirationTime('10m').sign(new TextEncoder().encode(secret));
+    const signedIn = { 'content-type': 'application/json', accept: 'text/event-stream', authorization: `Bearer ${jwt}` };
+    /** A tab that navigates away: each request left 0–12 ms after it was sent, while its stream is being made. */
+    const leave = async (app: TestApp, headers: Record<string, string>) => {
+      const hub = app.app.hub!;
+      const before = hub.size;
+      for (let round = 0; round < 12; round++) {
+        await Promise.all(
+          Array.from({ length: 8 }, async () => {
+            const controller = new AbortController();
+            const body = JSON.stringify({ query: 'subscription { executionEvents(filter: { procedure: "demo.none" }) { cursor } }' });
+            const response = fetch(app.url, { method: 'POST', headers, body, signal: controller.signal }).catch(() => null);
+            setTimeout(() => controller.abort(), (round % 7) * 2);
+            await response;
+          }),
+        );
+      }
+      await waitFor(async () => hub.size === before, 10_000, 'the hub to let every left stream go').catch((error: Error) => {
+        throw new Error(`${error.message}: ${hub.size - before} streams stayed`);
+      });
+    };
+    try {
+      await leave(open, { 'content-type': 'application/json', accept: 'text/event-stream' });
+      await leave(limited, signedIn);
+      // the caller's three places are all free again
+      const streams = Array.from({ length: 3 }, () => {
+        const controller = new AbortController();
+        const body = JSON.stringify({ query: 'subscription { executionEvents { cursor } }' });
+        return { controller, response: fetch(limited.url, { method: 'POST', headers: signedIn, body, signal: controller.signal }) };
+      });
+      for (const s of streams) {
+        const response = await s.response;
+        const first = await Promise.race([response.body!.getReader().read().then((r) => new TextDecoder().decode(r.value)), new Promise<string>((r) => setTimeout(() => r(''), 500))]);
+        assert.ok(response.status === 200 && !/TOO_MANY_SUBSCRIPTIONS/.test(first), `${response.status} ${first}`);
+      }
+      for (const s of streams) s.controller.abort();
+    } finally {
+      await limited.stop();
+      await open.stop();
+    }
+  });
 });
