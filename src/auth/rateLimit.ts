@@ -54,7 +54,8 @@ export function useMutationRateLimit(limiter: RateLimiter): Plugin<{ principal?:
       const operation = getOperationAST(args.document, args.operationName);
       if (operation?.operation !== 'mutation') return;
       // the fields that will run (aliases, fragments, @skip/@include applied); __typename is no mutation
-      const count = rootFields(args.document, operation.selectionSet, (args.variableValues ?? {}) as Record<string, unknown>).filter((name) => name !== '__typename').length;
+      // variables that do not coerce: execution refuses the operation, which runs nothing
+      const count = (rootFields(args.schema, args.document, operation, args.variableValues as Record<string, unknown> | undefined) ?? []).filter((name) => name !== '__typename').length;
       if (count === 0) return;
       if (count > limiter.burst) {
         setResultAndStopExecution({

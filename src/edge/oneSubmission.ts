@@ -1,11 +1,14 @@
 import {
   getDirectiveValues,
   getOperationAST,
+  getVariableValues,
   GraphQLIncludeDirective,
   GraphQLSkipDirective,
   Kind,
   type DocumentNode,
   type FragmentDefinitionNode,
+  type GraphQLSchema,
+  type OperationDefinitionNode,
   type SelectionSetNode,
 } from 'graphql';
 import type { Plugin } from 'graphql-yoga';
@@ -19,15 +22,22 @@ import { userError } from '../schema/errors.js';
  */
 export const UNREPEATABLE_MUTATIONS: ReadonlySet<string> = new Set(['invoke', 'invokeMany', 'submitBatch', 'createApiKey']);
 
-/** The root fields the operation will execute, by field name, once per alias, @skip and @include applied. */
-export function rootFields(document: DocumentNode, selectionSet: SelectionSetNode, variables: Record<string, unknown>): string[] {
+/**
+ * The root fields the operation will execute, by field name, once per alias, @skip and @include
+ * applied with the variables as execution reads them: a variable not sent takes its declared
+ * default (read raw, `@include(if: $i)` with `$i: Boolean! = true` not sent was refused as "not
+ * provided a runtime value"). Null when the variables do not coerce: execution refuses them itself.
+ */
+export function rootFields(schema: GraphQLSchema, document: DocumentNode, operation: OperationDefinitionNode, raw: Record<string, unknown> | null | undefined): string[] | null {
+  const { coerced } = getVariableValues(schema, operation.variableDefinitions ?? [], raw ?? {}, { maxErrors: 1 });
+  if (!coerced) return null;
   const fragments = new Map<string, FragmentDefinitionNode>();
   for (const definition of document.definitions) if (definition.kind === Kind.FRAGMENT_DEFINITION) fragments.set(definition.name.value, definition);
   const names: string[] = [];
   const visit = (set: SelectionSetNode, seen: ReadonlySet<string>) => {
     for (const selection of set.selections) {
-      if (getDirectiveValues(GraphQLSkipDirective, selection, variables)?.if === true) continue;
-      if (getDirectiveValues(GraphQLIncludeDirective, selection, variables)?.if === false) continue;
+      if (getDirectiveValues(GraphQLSkipDirective, selection, coerced)?.if === true) continue;
+      if (getDirectiveValues(GraphQLIncludeDirective, selection, coerced)?.if === false) continue;
       if (selection.kind === Kind.FIELD) names.push(selection.name.value);
       else if (selection.kind === Kind.INLINE_FRAGMENT) visit(selection.selectionSet, seen);
       else {
@@ -37,7 +47,7 @@ export function rootFields(document: DocumentNode, selectionSet: SelectionSetNod
       }
     }
   };
-  visit(selectionSet, new Set());
+  visit(operation.selectionSet, new Set());
   return names;
 }
 
@@ -55,7 +65,8 @@ export function useOneSubmissionPerOperation(): Plugin {
       const [only, ...others] = operation.selectionSet.selections;
       // the usual case, one field and no fragment: nothing to walk
       if (!others.length && only?.kind === Kind.FIELD) return;
-      const fields = rootFields(args.document, operation.selectionSet, (args.variableValues ?? {}) as Record<string, unknown>);
+      const fields = rootFields(args.schema, args.document, operation, args.variableValues as Record<string, unknown> | undefined);
+      if (!fields) return;
       const submitting = fields.filter((name) => UNREPEATABLE_MUTATIONS.has(name));
       if (fields.length > 1 && submitting.length) {
         setResultAndStopExecution({
