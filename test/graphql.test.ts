@@ -217,6 +217,20 @@ describe('bad input: a coded error, never a 500, nothing enqueued', () => {
     assert.equal(chosen.body.errors, undefined, JSON.stringify(chosen.body.errors));
     assert.ok(chosen.body.data.a.execution.token);
     assert.equal(await total(), before + 1);
+    // a variable not sent takes its declared default, as execution reads it (it was refused: "not provided a runtime value")
+    const defaulted = await t.gql(
+      `mutation($first: Boolean! = false) { a: invoke(input: { procedure: "demo.noop" }) @include(if: $first) { execution { token } } b: invoke(input: { procedure: "demo.noop" }) @skip(if: $first) { execution { token } } }`,
+    );
+    assert.equal(defaulted.body.errors, undefined, JSON.stringify(defaulted.body.errors));
+    assert.ok(defaulted.body.data.b.execution.token);
+    assert.equal(await total(), before + 2);
+    // variables that do not coerce: execution's own error, with nothing run
+    const wrong = await t.gql(
+      `mutation($first: Boolean!) { a: invoke(input: { procedure: "demo.noop" }) @include(if: $first) { execution { token } } b: invoke(input: { procedure: "demo.noop" }) @skip(if: $first) { execution { token } } }`,
+      { first: 'yes' },
+    );
+    assert.match(wrong.body.errors?.[0]?.message ?? '', /Variable "\$first" got invalid value/, JSON.stringify(wrong.body));
+    assert.equal(await total(), before + 2);
     const queues = await t.gql(`mutation { a: configureQueue(input: { name: "one-field-a", concurrency: 1 }) { queue { name } } b: configureQueue(input: { name: "one-field-b", concurrency: 1 }) { queue { name } } }`);
     assert.equal(queues.body.errors, undefined, JSON.stringify(queues.body.errors));
     await ws.dispose();
