@@ -268,11 +268,23 @@ const payloads = new WeakMap<object, string>();
  * toJSON(), last), once per result object. Without errors it is the result's plain JSON, as
  * yoga's SSE writer makes it.
  */
+/**
+ * An error's JSON without `extensions.http`: the status and headers yoga answers an HTTP request
+ * with (429 and Retry-After for RATE_LIMITED), and strips from what it writes there. Over a
+ * socket nothing reads them, and they are the service's own wiring. (Errors are written here only
+ * for graphql-ws: a shared result with errors is not handed to yoga's SSE writer, see withSharedJson.)
+ */
+function withoutHttp(error: ReturnType<GraphQLError['toJSON']>): ReturnType<GraphQLError['toJSON']> {
+  if (!error.extensions || !('http' in error.extensions)) return error;
+  const { http: _http, ...extensions } = error.extensions;
+  return { ...error, extensions };
+}
+
 function payloadJson(result: ExecutionResult): string {
   let json = payloads.get(result);
   if (json === undefined) {
     const { errors, ...rest } = result;
-    json = JSON.stringify(errors ? { ...rest, errors: errors.map((e) => e.toJSON()) } : rest);
+    json = JSON.stringify(errors ? { ...rest, errors: errors.map((e) => withoutHttp(e.toJSON())) } : rest);
     payloads.set(result, json);
   }
   return json;

@@ -105,6 +105,15 @@ export class JwtVerifier {
     // the clock tolerance is for "nbf" and "iat" (an issuer whose clock runs ahead): past its "exp",
     // a token is refused at once, as its open sockets and streams are ended then (stillValid)
     if (typeof payload.exp === 'number' && payload.exp * 1000 <= Date.now()) throw new TokenError('the token has expired');
+    // an "exp" no date can hold (1e300) never comes: a token that never expires, which requireExpiry refuses
+    if (typeof payload.exp === 'number' && !Number.isFinite(new Date(payload.exp * 1000).getTime())) {
+      throw new TokenError('the token\'s "exp" is past any date: a token that never expires is not accepted');
+    }
+    // jose checks "iat" only against a maximum age: one ahead of this clock by more than the
+    // tolerance was issued by a clock that is wrong, or made to last longer than its issuer meant
+    if (typeof payload.iat === 'number' && payload.iat * 1000 > Date.now() + options.clockTolerance * 1000) {
+      throw new TokenError('the token\'s "iat" is in the future');
+    }
     if (typeof payload.sub === 'string' && apiKeySubject(payload.sub)) {
       throw new TokenError('the token\'s "sub" may not start with "apikey:", the identities of API keys');
     }
