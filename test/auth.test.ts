@@ -133,6 +133,17 @@ describe('authentication', () => {
       ['a zero-width space in the subject', await token('ali\u200bce'), /sub/],
       ['a right-to-left override in the subject', await token('\u202eecila'), /sub/],
       ['garbage', 'not-a-token', /malformed/],
+      // issued a minute ahead of this clock: beyond the 5 s the README allows for skew
+      [
+        'iat a minute ahead',
+        await new SignJWT({ iss: ISSUER, aud: AUDIENCE, sub: 'alice', iat: Math.floor(Date.now() / 1000) + 60 })
+          .setProtectedHeader({ alg: 'HS256' })
+          .setExpirationTime('10m')
+          .sign(new TextEncoder().encode(SECRET)),
+        /"iat" is in the future/,
+      ],
+      // an exp no date holds: a token that never expires
+      ['exp 1e300', await token('alice', [], { expiresIn: null, exp: 1e300 }), /past any date/],
       // good for ever once leaked, and a JWT cannot be revoked
       ['no exp', await token('alice', [], { expiresIn: null }), /"exp"/],
       // an API key's identity: the JWT would own that key's calls
@@ -684,6 +695,15 @@ describe('rate limit', () => {
       assert.equal((await mutate(bob)).status, 200, 'another caller has its own budget');
       await sleep(600);
       assert.equal((await mutate(alice)).status, 200, 'a token is back after 1/rate seconds');
+      // over graphql-ws the same code, without the HTTP status and headers yoga reads from extensions.http
+      const ws = limited.ws({ Authorization: alice.authorization });
+      let overSocket: any = null;
+      for (let i = 0; i < 5 && !overSocket; i++) {
+        const [result] = await collect(ws.iterate({ query: 'mutation { invoke(input: { procedure: "demo.add", arguments: { a: 1, b: 1 } }) { execution { token } } }' }));
+        if ((result as any).errors) overSocket = (result as any).errors[0];
+      }
+      assert.equal(overSocket?.extensions?.code, 'RATE_LIMITED', JSON.stringify(overSocket));
+      assert.equal(overSocket.extensions.http, undefined, JSON.stringify(overSocket));
     } finally {
       await limited.stop();
     }
