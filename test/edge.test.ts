@@ -247,6 +247,25 @@ describe('request size', () => {
     assert.equal(consoleErrors.mock.callCount(), 0);
     assert.equal(await total('demo.record'), before, 'nothing enqueued');
   });
+
+  it('a socket that never sends connection_init, nor answers the close, is ended about 2 s after its 4408 (not 30 s)', async () => {
+    const { connect } = await import('node:net');
+    const { port } = new URL(t.url);
+    const opened = Date.now();
+    // the upgrade by hand, then silence: no frame read, no close answered
+    const raw = connect(Number(port), '127.0.0.1');
+    raw.on('error', () => undefined);
+    let heard = '';
+    raw.on('data', (chunk) => (heard += chunk.toString('latin1')));
+    raw.write(
+      `GET /graphql HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+        `Sec-WebSocket-Key: ${Buffer.from('0123456789abcdef').toString('base64')}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: graphql-transport-ws\r\n\r\n`,
+    );
+    const ended = await within(new Promise<number>((resolve) => raw.once('close', () => resolve(Date.now() - opened))), 20_000);
+    assert.match(heard, /^HTTP\/1\.1 101/);
+    assert.ok(heard.includes('Connection initialisation timeout'), 'told 4408 first');
+    assert.ok(ended < 10_000, `the connection lasted ${ended} ms`);
+  });
 });
 
 describe('cross-site requests', () => {
