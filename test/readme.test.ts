@@ -50,12 +50,16 @@ describe('README SQL examples, top to bottom', () => {
       // what the examples enqueued ran: the orders were charged, and 43 invoiced after it (the batch's stages)
       const orders = await waitFor(async () => {
         const { rows } = await sql.query(`select id, charged_at is not null as charged, invoiced_at is not null as invoiced from billing.orders order by id`);
-        return rows.length === 2 && rows[1].invoiced ? rows : null;
+        return rows.length === 3 && rows[1].invoiced && rows[2].charged ? rows : null;
       }, 30_000, 'the README orders to be charged and invoiced');
       assert.deepEqual(orders, [
         { id: '42', charged: true, invoiced: false },
         { id: '43', charged: true, invoiced: true },
+        { id: '44', charged: true, invoiced: false },
       ]);
+      // 44's transaction ran twice with one idempotency key: one call
+      const { rows: charges } = await sql.query(`select count(*)::int as n from asyncproc.executions where arguments ->> 'order_id' = '44'`);
+      assert.equal(charges[0].n, 1);
       const greeted = await waitFor(async () => {
         const { rows } = await sql.query(`select status, result from asyncproc.executions where procedure = 'myapp.greet' order by id limit 1`);
         return rows[0]?.status === 'SUCCEEDED' ? rows[0] : null;
