@@ -56,8 +56,12 @@ interface FeedBatch {
 
 interface EventStream {
   receive(batch: FeedBatch): void;
-  /** Retention purged changes the feed had not read: the stream cannot go on without a gap. */
-  expire(): void;
+  /**
+   * Retention purged changes the feed had not read, written by `horizon` at the newest: the stream
+   * cannot go on without a gap, unless it began from a position that sees them all (it joined
+   * after they were written: what it was owed starts later).
+   */
+  expire(horizon: bigint): void;
 }
 
 /** A stream that ends at once: the hub is closing, or the subscriber left before its first read. */
@@ -354,7 +358,7 @@ export class CompletionHub implements ListenerSink, Closeable {
         { streams: this.streams.size, watches: this.rechecks.size },
         'retention purged calls whose ends the change feed had not read (it fell behind by more than the retention): streams end with CURSOR_EXPIRED, and watched calls are read again',
       );
-      for (const stream of this.streams) stream.expire();
+      for (const stream of this.streams) stream.expire(horizon);
       for (const recheck of this.rechecks) recheck();
     } catch (error) {
       // looked at again after the next read (the poll reads at least once a pollMs)
@@ -676,8 +680,14 @@ export class CompletionHub implements ListenerSink, Closeable {
     // batches the feed hands out while the replay runs wait for it
     let buffered: FeedBatch[] | null = [];
     let bufferedChanges = 0;
+    /** Where this stream began (its cursor, or the position when it joined): set by its first read. */
+    let began: Snapshot | null = null;
     const stream: EventStream = {
-      expire: () => queue.end(cursorExpired()),
+      // a stream that began seeing every purged writer was owed none of their changes (a new
+      // subscriber that joined after the purge was ended with the others on a loaded machine)
+      expire: (horizon) => {
+        if (!began || horizon >= began.xmin) queue.end(cursorExpired());
+      },
       receive: (batch) => {
         // The feed is shared: a subscriber that does not take its events is stopped, never waited
         // for. It is one still holding more than the bound when the next read comes: a read hands
@@ -717,6 +727,7 @@ export class CompletionHub implements ListenerSink, Closeable {
           return;
         }
         covered = floor ?? upper;
+        began = covered;
         if (floor && (await this.expired(floor, stopped))) {
           queue.end(cursorExpired());
           return;
