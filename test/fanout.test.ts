@@ -545,6 +545,10 @@ describe('a feed that fell behind the retention (a stalled process, a partition)
       await db.engine.cancelBatch(batch.id);
       assert.ok((await db.engine.purge(0)) >= 2, "retention purged them");
       assert.equal(await db.engine.getExecution(call.token), null, 'the call was purged');
+      // a subscriber that joins after the purge was owed none of what went: it goes on
+      const joined = hub.events({ status: null, procedure: null, queue: null, submittedBy: null }, null);
+      await waitFor(async () => hub.size === 4, 5000, 'the later stream');
+      await new Promise((resolve) => setTimeout(resolve, 300)); // its first read (where it begins)
       hub.onChange();
       const outcome = async (iterable: AsyncIterable<unknown>) => {
         const values: unknown[] = [];
@@ -560,7 +564,16 @@ describe('a feed that fell behind the retention (a stalled process, a partition)
       assert.deepEqual(onStream, { values: [], code: 'CURSOR_EXPIRED' }, 'the stream');
       assert.deepEqual(onCompleted, { values: [], code: 'NOT_FOUND' }, 'executionCompleted');
       assert.deepEqual(onBatch, { values: [], code: 'NOT_FOUND' }, 'batchCompleted');
-      assert.equal(hub.size, 0, 'nothing left waiting');
+      assert.equal(hub.size, 1, 'the later stream alone is left');
+      const [later] = await db.engine.submit([{ procedure: 'demo.noop', arguments: {}, runAt }]);
+      await db.engine.cancelExecution(later.token);
+      hub.onChange();
+      const seen: string[] = [];
+      for await (const event of joined) {
+        seen.push(event.execution.token);
+        if (event.execution.token === later.token && event.status === 'CANCELLED') break;
+      }
+      assert.ok(seen.every((token) => token === later.token), `it heard the later call only: ${seen}`);
     } finally {
       await hub.close();
     }
