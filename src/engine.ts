@@ -510,7 +510,9 @@ export type EngineErrorCode =
   /** The engine cannot honour the setting asked for (grouped commits on SQL Server); nothing was changed. */
   | 'NOT_SUPPORTED'
   /** An idempotency key the caller sent before with another call; nothing was submitted. */
-  | 'IDEMPOTENCY_KEY_REUSED';
+  | 'IDEMPOTENCY_KEY_REUSED'
+  /** An idempotency key another transaction holds (a request with it still under way); nothing was submitted: send it again shortly. */
+  | 'IDEMPOTENCY_KEY_IN_USE';
 
 /** Longest idempotency key, in UTF-16 code units (SQL Server keeps it as nvarchar(128)). */
 export const MAX_IDEMPOTENCY_KEY = 128;

@@ -93,6 +93,15 @@ describe('an idempotency key', () => {
       assert.equal(refused.code, 'IDEMPOTENCY_KEY_REUSED', `${JSON.stringify(other)}: ${JSON.stringify(refused.body)}`);
       assert.match(refused.body.errors?.[0]?.message, new RegExp(first.token!));
     }
+    // two calls of one request with one key: refused whole, without naming an execution that is rolled back with it
+    const twice = await one.gql(
+      'mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }',
+      { i: [{ a: 1, b: 1 }, { a: 2, b: 2 }].map((args) => ({ procedure: 'demo.add', arguments: args, idempotencyKey: 'order-3b' })) },
+      alice,
+    );
+    assert.equal(twice.body.errors?.[0]?.extensions?.code, 'IDEMPOTENCY_KEY_REUSED', JSON.stringify(twice.body));
+    assert.match(twice.body.errors[0].message, /two different calls in one transaction/);
+    assert.doesNotMatch(twice.body.errors[0].message, /[0-9a-f]{8}-[0-9a-f]{4}-/);
     // the same JSON with its keys in another order is the same call
     assert.equal((await invoke(one, alice, { idempotencyKey: 'order-3', arguments: { b: 2, a: 1 } })).token, first.token);
     assert.equal(await executions(), before);
@@ -148,31 +157,47 @@ describe('an idempotency key', () => {
     assert.equal((await holding('dropped-1')).length, 1);
   });
 
-  it('sent by 40 requests at once to two instances makes exactly one execution, and every request gets its token', async () => {
-    const answers = await Promise.all(Array.from({ length: 40 }, (_, i) => invoke(i % 2 ? one : two, alice, { idempotencyKey: 'race-1' })));
+  it('sent by 40 requests at once to two instances makes exactly one execution: each request gets its token, or IDEMPOTENCY_KEY_IN_USE while another holds the key and then its token', async () => {
+    let inUse = 0;
+    const answers = await Promise.all(
+      Array.from({ length: 40 }, async (_, i) => {
+        for (;;) {
+          const answer = await invoke(i % 2 ? one : two, alice, { idempotencyKey: 'race-1' });
+          if (answer.code !== 'IDEMPOTENCY_KEY_IN_USE') return answer;
+          inUse++;
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+      }),
+    );
     const tokens = new Set(answers.map((a) => a.token));
     assert.equal(tokens.size, 1, JSON.stringify(answers.map((a) => a.body).filter((b) => b.errors)));
     assert.deepEqual((await holding('race-1')).map((r) => r.token), [...tokens]);
+    console.log(`# ${inUse} answers of IDEMPOTENCY_KEY_IN_USE before the tokens`);
   });
 
-  it("in callers' own transactions: the second waits for the first, gets its call if it commits, and makes its own if it rolls back", async () => {
+  it("held by a caller's open transaction: another transaction with the key is refused at once (IDEMPOTENCY_KEY_IN_USE), then gets the first's call if it commits, or makes its own if it rolls back; nobody else waits", async () => {
     for (const outcome of ['commit', 'rollback'] as const) {
       const key = `tx-${outcome}`;
       const [first, second] = [await cluster.connect(url), await cluster.connect(url)];
       try {
         await first.query('begin');
-        const mine = await engine.invoke(first, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: key });
+        const mine = await engine.invoke(first, { procedure: 'demo.noop', arguments: {}, submittedBy: 'alice', idempotencyKey: key });
+        // meanwhile: the same key from another transaction, and over GraphQL, refused at once;
+        // calls without a key on the same instances go on (a held key froze them all)
         await second.query('begin');
-        let settled = false;
-        const waiting = engine.invoke(second, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: key }).finally(() => (settled = true));
-        await new Promise((resolve) => setTimeout(resolve, 300));
-        assert.equal(settled, false, 'the second waits on the first transaction');
+        await assert.rejects(engine.invoke(second, { procedure: 'demo.noop', arguments: {}, submittedBy: 'alice', idempotencyKey: key }), { code: 'IDEMPOTENCY_KEY_IN_USE' });
+        await second.query('rollback');
+        assert.equal((await invoke(one, alice, { procedure: 'demo.noop', arguments: {}, idempotencyKey: key })).code, 'IDEMPOTENCY_KEY_IN_USE');
+        const others = await Promise.race([
+          Promise.all([one, two, one, two].map((app) => invoke(app, bob, {}))),
+          new Promise<never>((_, reject) => setTimeout(() => reject(new Error('calls without a key waited for the held one')), 10_000)),
+        ]);
+        assert.ok(others.every((o) => o.token), JSON.stringify(others.map((o) => o.body)));
         await first.query(outcome);
-        const theirs = await waiting;
-        await second.query('commit');
-        if (outcome === 'commit') assert.equal(theirs.token, mine.token);
-        else assert.notEqual(theirs.token, mine.token);
-        assert.deepEqual((await holding(key)).map((r) => r.token), [theirs.token]);
+        const after = await invoke(two, alice, { procedure: 'demo.noop', arguments: {}, idempotencyKey: key });
+        if (outcome === 'commit') assert.equal(after.token, mine.token);
+        else assert.ok(after.token && after.token !== mine.token, JSON.stringify(after.body));
+        assert.deepEqual((await holding(key)).map((r) => r.token), [after.token]);
       } finally {
         await first.end();
         await second.end();

@@ -51,7 +51,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 6, sha256: 'ae8df624917ae95f94cc7cc54792bb6d8106434a0cb040553faab699d387b11c' },
+  'postgres/routines': { revision: 6, sha256: '468669871f8d385ddf763a55ee70137ede7f8783954d0388e7f913b61db2cbaa' },
   'mssql/procedures': { revision: 6, sha256: 'be4fbf0f4c3a35841f000fe5a2b04b19c8861f946ebae0b49331aadc969f7b55' },
 };
 

@@ -50,3 +50,15 @@ create or replace function asyncproc.close_cancel_gate(execution_id bigint) retu
 language sql strict as $$
   select pg_advisory_xact_lock(asyncproc.cancel_key1(execution_id), asyncproc.lock_key2(execution_id)) is not null
 $$;
+-- The advisory lock of an idempotency key (submit): the two int4 keys of lock_key1/lock_key2's
+-- space with the tag 'IK' in the high word of key1 (calls are 'AS': they never meet), and 48 bits
+-- of a 64-bit hash of the caller and the key. Two keys whose hashes agree in those bits would only
+-- make one of them wait for the other's transaction to end (AP013), never mix their calls.
+create or replace function asyncproc.key_lock1(submitted_by text, idempotency_key text) returns integer
+language sql immutable as $$
+  select x'494B0000'::integer | ((hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0) >> 32) & 65535)::integer
+$$;
+create or replace function asyncproc.key_lock2(submitted_by text, idempotency_key text) returns integer
+language sql immutable as $$
+  select hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0)::bit(32)::integer
+$$;

@@ -10,6 +10,12 @@ declare
 begin
   select * into made from asyncproc.executions e
    where coalesce(e.submitted_by, '') = coalesce(replayed.submitted_by, '') and e.idempotency_key = replayed.idempotency_key;
+  if found and made.request_digest is distinct from digest and made.xid = pg_current_xact_id_if_assigned() then
+    -- made by this same transaction (two calls of one request, one key): it is not committed, and
+    -- rolls back with this refusal; naming it would name an execution that never exists
+    raise exception 'idempotency key "%" was given to two different calls in one transaction', idempotency_key
+      using errcode = 'AP012', hint = 'Give each call its own key.';
+  end if;
   if found and made.request_digest is distinct from digest then
     raise exception 'idempotency key "%" was sent before with another call (execution %)', idempotency_key, made.token
       using errcode = 'AP012', hint = 'Send a new key for a new call; the same key only with the very call it was first sent with.';

@@ -3,8 +3,9 @@
 -- callers in their own transactions, the service with authentication off).
 -- idempotency_key (0018_idempotency_keys.sql): a key this caller (submitted_by) sent before with
 -- the same call returns that call's execution, and nothing is submitted; with another call it is
--- refused (AP012). Checked before anything else: a replay is answered as the first call was,
--- whatever changed since (the procedure unregistered, the caller's roles).
+-- refused (AP012); held by another transaction that has not ended, refused at once (AP013). Checked
+-- before anything else: a replay is answered as the first call was, whatever changed since (the
+-- procedure unregistered, the caller's roles).
 drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer);
 drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[]);
 create or replace function asyncproc.submit(
@@ -33,8 +34,13 @@ declare
 begin
   arguments := coalesce(arguments, '{}');
   if idempotency_key is not null then
-    if length(idempotency_key) not between 1 and 128 or idempotency_key ~ '[[:cntrl:]]' then
-      raise exception 'an idempotency key is 1 to 128 characters, none of them a control character' using errcode = 'AP004';
+    -- as the service checks it (engine.ts checkIdempotencyKey): 128 UTF-16 code units at most (a
+    -- character past U+FFFF is two, as SQL Server's nvarchar(128) counts), no control character,
+    -- no white space at either end
+    if length(idempotency_key) + length(regexp_replace(idempotency_key, '[^\U00010000-\U0010FFFF]', '', 'g')) not between 1 and 128
+       or idempotency_key ~ '[[:cntrl:]]|^\s|\s$' then
+      raise exception 'an idempotency key is 1 to 128 characters, none of them a control character, and no white space at either end'
+        using errcode = 'AP004';
     end if;
     if in_batch is not null then
       raise exception 'a call of a batch takes no idempotency key' using errcode = 'AP004';
@@ -43,6 +49,16 @@ begin
     -- epoch: its text would follow the session's TimeZone)
     digest := sha256(convert_to(jsonb_build_array(submit.procedure, arguments, submit.queue,
                                                   extract(epoch from submit.run_at), submit.max_attempts)::text, 'UTF8'));
+    -- Every transaction that submits with the key holds this lock until it ends: one that finds it
+    -- held is refused at once (AP013, try again: the other commits or rolls back soon), rather than
+    -- waiting for it (its insert would wait on the key's unique index): a key held by a caller's
+    -- long transaction froze every single invoke of a service instance, which shares one statement
+    -- at a time between them (SubmitCoalescer). The same transaction takes it again at once.
+    if not pg_try_advisory_xact_lock(asyncproc.key_lock1(submit.submitted_by, submit.idempotency_key),
+                                     asyncproc.key_lock2(submit.submitted_by, submit.idempotency_key)) then
+      raise exception 'idempotency key "%" is in use by a transaction that has not ended', idempotency_key
+        using errcode = 'AP013', hint = 'Send the call again in a moment: the same call then gets the execution that transaction made, if it committed.';
+    end if;
     submitted := asyncproc.replayed(submit.submitted_by, submit.idempotency_key, digest);
     if submitted.id is not null then
       return submitted;
@@ -127,9 +143,9 @@ begin
     values (registered.name, arguments, queue_name,
             case when submit.run_at > clock_timestamp() then 'WAITING' else 'PENDING' end, submit.run_at,
             coalesce(submit.max_attempts, registered.max_attempts), submit.submitted_by, submit.idempotency_key, digest)
-    -- a concurrent transaction that took the key first: this insert waited for it to end, and
-    -- inserts nothing if it committed (under REPEATABLE READ or SERIALIZABLE, a row this
-    -- transaction's snapshot does not see fails it with 40001 instead: it can be tried again).
+    -- under the key's lock no other transaction is inserting it; a row this transaction's
+    -- snapshot does not see (REPEATABLE READ or SERIALIZABLE, begun before another committed the
+    -- key) fails it with 40001 here, which can be tried again, instead of a unique violation.
     -- No conflict target: the key's index is on an expression of a column named as a parameter
     -- here, which a target cannot qualify; the other unique columns (id, token) are generated.
     on conflict do nothing

@@ -1,6 +1,7 @@
 -- submit() for a call made on the caller's own transaction (the library's invoke(tx, call)):
 -- a call the checks refuse (AP001 unknown procedure, AP002 invalid arguments, AP003 unknown
--- queue, AP004, AP005 forbidden, AP012 an idempotency key sent before with another call; or an
+-- queue, AP004, AP005 forbidden, AP012 an idempotency key sent before with another call, AP013 one
+-- another transaction holds; or an
 -- argument PostgreSQL cannot read as its parameter's type, class 22) is reported by its SQLSTATE, message and hint instead of raised. The exception block
 -- is a subtransaction: what the refused submit wrote is rolled back to it alone, and the caller's
 -- transaction goes on as it was. Raised, the refusal aborted the caller's transaction, and a
@@ -18,7 +19,7 @@ begin
     execution := asyncproc.submit(procedure, arguments, queue, run_at, max_attempts, submitted_by, quiet,
                                   caller_roles => caller_roles, idempotency_key => idempotency_key);
   exception
-    when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' or sqlstate 'AP012'
+    when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' or sqlstate 'AP012' or sqlstate 'AP013'
          or data_exception then
       get stacked diagnostics refused_code = returned_sqlstate, refused_message = message_text, refused_hint = pg_exception_hint;
       refused_hint := nullif(refused_hint, '');

@@ -16,6 +16,8 @@ const CODES: Record<string, EngineErrorCode> = {
   AP009: 'BAD_USER_INPUT',
   /** submit: an idempotency key the caller sent before with another call (replayed.sql). */
   AP012: 'IDEMPOTENCY_KEY_REUSED',
+  /** submit: the idempotency key is held by a transaction that has not ended (submit.sql). */
+  AP013: 'IDEMPOTENCY_KEY_IN_USE',
 };
 
 /** Our own SQLSTATEs become EngineErrors; anything else passes through unchanged. */
