@@ -52,7 +52,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 6, sha256: '468669871f8d385ddf763a55ee70137ede7f8783954d0388e7f913b61db2cbaa' },
-  'mssql/procedures': { revision: 6, sha256: 'be4fbf0f4c3a35841f000fe5a2b04b19c8861f946ebae0b49331aadc969f7b55' },
+  'mssql/procedures': { revision: 6, sha256: '85155ab210f2546d8b78d018ece422b896df989266b518f325d8cd9e4caa6837' },
 };
 
 describe('routines revision', () => {

@@ -6,6 +6,7 @@
 --   50003 UNKNOWN_QUEUE      the queue does not exist
 --   50005 BAD_USER_INPUT     (also) a malformed idempotency key, or one given to a batch's call
 --   50016 IDEMPOTENCY_KEY_REUSED  the key was sent before by this caller with another call
+--   50017 IDEMPOTENCY_KEY_IN_USE  another transaction holds the key (send the call again shortly)
 -- Every check runs before the first write, so a refusal leaves the caller's
 -- transaction as it was (unless the caller runs with XACT_ABORT ON, where any
 -- error dooms its transaction).
@@ -42,10 +43,11 @@ BEGIN
     SET @arguments = COALESCE(@arguments, N'{}');
 
     -- An idempotency key this caller sent before: the same call gets the execution it made (@token,
-    -- @id) and nothing is written; another call is refused (50016). Checked before everything
-    -- else, as on PostgreSQL: a replay is answered as the first call was, whatever changed since
-    -- (the procedure unregistered, the caller's roles). Inside the caller's transaction the lock
-    -- taken here lasts until it ends (usp_AsyncExecReplay); in our own, the check is made again.
+    -- @id) and nothing is written; another call is refused (50016); a key another transaction is
+    -- inserting, refused at once (50017). Checked before everything else, as on PostgreSQL: a
+    -- replay is answered as the first call was, whatever changed since (the procedure
+    -- unregistered, the caller's roles). Checked again inside the transaction, under the key's
+    -- application lock (below).
     DECLARE @scope nvarchar(256) = COALESCE(@submittedBy, N''), @digest varbinary(32), @madeId bigint, @madeToken uniqueidentifier;
     IF @idempotencyKey IS NOT NULL
     BEGIN
@@ -332,14 +334,31 @@ BEGIN
         END CATCH;
     END;
     BEGIN TRY
-        IF @idempotencyKey IS NOT NULL AND @trancount = 0
+        IF @idempotencyKey IS NOT NULL
         BEGIN
-            -- our own transaction: the check above held its lock for its statement only, and
-            -- another invoke of the key may have committed since; checked again, locked to our end
+            -- The key's application lock, held to the end of the transaction (@LockOwner =
+            -- 'Transaction'), never waited for (@LockTimeout = 0: "returns -1 ... if the lock
+            -- cannot be granted immediately", sp_getapplock): every transaction that inserts the key
+            -- holds it, so under it no other can be inserting the key, and one that finds it held is
+            -- refused at once (50017). The key's own lock, nothing of a range: another new key never
+            -- waits for this one. Named by a SHA-256 of the caller and the key (a resource name is
+            -- at most 255 characters; the hash is of their bytes, so case counts, as in the table;
+            -- RTRIM: the table's = ignores trailing blanks of the scope, so must the lock).
+            DECLARE @lockResult int, @resource nvarchar(255) =
+                N'asyncexec.idempotency:' + CONVERT(nvarchar(64), HASHBYTES('SHA2_256', CONCAT(RTRIM(@scope), NCHAR(1), @idempotencyKey)), 2);
+            EXEC @lockResult = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
+            IF @lockResult < 0
+            BEGIN
+                SET @message = CONCAT(N'idempotency key "', @idempotencyKey, N'" is in use by a transaction that has not ended: send the call again in a moment');
+                SET @message = REPLACE(@message, N'%', N'%%');
+                THROW 50017, @message, 1;
+            END;
+            -- committed since the check above, by a transaction that has ended: a replay
             EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
             IF @madeId IS NOT NULL
             BEGIN
-                COMMIT TRANSACTION;
+                IF @trancount = 0
+                    COMMIT TRANSACTION;
                 SELECT @id = @madeId, @token = @madeToken;
                 RETURN;
             END;

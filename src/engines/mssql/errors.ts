@@ -8,7 +8,8 @@ import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
  * usp_AsyncExecBatchCreate); usp_AsyncExecCancel: 50006 NOT_FOUND, 50007 ALREADY_FINISHED,
  * 50008 FORBIDDEN; usp_AsyncExecInvoke (0009_identity.sql): 50009 FORBIDDEN, the caller's roles
  * do not allow the procedure; usp_AsyncExecReplay (0017_idempotency_keys.sql): 50016 IDEMPOTENCY_KEY_REUSED, a key
- * the caller sent before with another call. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
+ * the caller sent before with another call, and 50017 IDEMPOTENCY_KEY_IN_USE (also usp_AsyncExecInvoke), one
+ * another transaction holds. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
  * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50041 of usp_AsyncExecPurge, 50042 of usp_AsyncExecRecover,
  * 50043 of usp_AsyncExecFireSchedule and 50044 of usp_AsyncExecListenerWake (called inside a transaction): they
  * stay unmapped, as 50045 (usp_AsyncExecProgress: a percent outside 0–100), which reaches the called procedure
@@ -26,6 +27,7 @@ export const THROWN: Readonly<Record<number, EngineErrorCode>> = {
   50008: 'FORBIDDEN',
   50009: 'FORBIDDEN',
   50016: 'IDEMPOTENCY_KEY_REUSED',
+  50017: 'IDEMPOTENCY_KEY_IN_USE',
 };
 
 /** The SQL Server error number of a driver error, if it carries one. */
