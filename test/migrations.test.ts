@@ -52,7 +52,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 6, sha256: '468669871f8d385ddf763a55ee70137ede7f8783954d0388e7f913b61db2cbaa' },
-  'mssql/procedures': { revision: 6, sha256: '85155ab210f2546d8b78d018ece422b896df989266b518f325d8cd9e4caa6837' },
+  'mssql/procedures': { revision: 6, sha256: '48ea31c7cee70090b389d5e5092e8765c53159c0f41b9c3d6ca0704b234d2e36' },
 };
 
 describe('routines revision', () => {

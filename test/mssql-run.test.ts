@@ -322,13 +322,14 @@ describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conform
     const lock = invoke.indexOf('EXEC @lockResult = sys.sp_getapplock @Resource = @resource,');
     assert.match(withoutComments(await procedure('usp_AsyncExecInvoke')), /EXEC @lockResult = sys\.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;/);
     assert.ok(tryAt > 0 && lock > tryAt && replays[1] > lock && replays[1] < invoke.indexOf('SET @token = NEWID();'), "the second, in the TRY, under the key's application lock, taken without waiting");
-    assert.match(invoke.slice(lock), /^[^;]+;\s+IF @lockResult < 0\s+BEGIN[\s\S]*?THROW 50017, @message, 1;/);
+    assert.match(invoke.slice(lock), /^[^;]+;\s+IF @lockResult < -1\s+BEGIN[\s\S]*?THROW 50025, @message, 1;\s+END;\s+IF @lockResult = -1\s+BEGIN[\s\S]*?THROW 50017, @message, 1;/, 'held: 50017; a fault of the call: not "send it again"');
+    assert.match(invoke, /@resource nvarchar\(32\) =/, 'within the 32 characters sys.dm_tran_locks shows');
     const results = invoke.indexOf('INSERT asyncexec.AsyncExecResults');
     const key = invoke.indexOf('INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)');
     assert.ok(results > 0 && key > results && key < invoke.indexOf('BEGIN CATCH', key), 'the key is written after the call, in the same TRY');
     // a parameter one longer than a key: a longer value is cut to 129 and refused, never cut to a valid key
     assert.match(invoke, /@idempotencyKey nvarchar\(129\) = NULL/);
-    assert.match(invoke, /IF DATALENGTH\(@idempotencyKey\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@idempotencyKey\) <> DATALENGTH\(RTRIM\(@idempotencyKey\)\)/);
+    assert.match(invoke, /IF DATALENGTH\(@idempotencyKey\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@idempotencyKey\) <> DATALENGTH\(RTRIM\(@idempotencyKey\)\)\s+OR LEFT\(@idempotencyKey, 1\) = ' +'/);
   });
 
   it('keeps keys in a table of their own, compared under a binary collation, purged with their call', async () => {
