@@ -52,7 +52,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 6, sha256: '468669871f8d385ddf763a55ee70137ede7f8783954d0388e7f913b61db2cbaa' },
-  'mssql/procedures': { revision: 6, sha256: '48ea31c7cee70090b389d5e5092e8765c53159c0f41b9c3d6ca0704b234d2e36' },
+  'mssql/procedures': { revision: 6, sha256: 'a756b988aab478f9f2e29eda431687fdbdc3cf0a06f8bfd31bc95161e7405322' },
 };
 
 describe('routines revision', () => {

@@ -304,26 +304,25 @@ describe('mssql run: invoke inside a distributed transaction (item 10 of the iss
 });
 
 describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conformance suite runs them with MSSQL_URL)', () => {
-  it('reads the key without waiting (LOCK_TIMEOUT 0: a key being inserted is 50017), at READ COMMITTED, from the key row alone, and refuses another call with 50016', async () => {
+  it("takes the key's application lock without waiting (-1: 50017; other faults: 50025), reads without waiting (LOCK_TIMEOUT 0: 1222 is 50017), at READ COMMITTED, from the key row alone, and refuses another call with 50016", async () => {
     const replay = codeOnly(await procedure('usp_AsyncExecReplay'));
     assert.match(replay, /SET TRANSACTION ISOLATION LEVEL READ COMMITTED;\s+SET LOCK_TIMEOUT 0;/);
+    assert.match(withoutComments(await procedure('usp_AsyncExecReplay')), /IF @lock = 1\s+BEGIN\s+EXEC @lockResult = sys\.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;\s+IF @lockResult < -1\s+BEGIN[\s\S]*?THROW 50025, @message, 1;\s+END;\s+IF @lockResult = -1\s+SET @inUse = 1;/);
+    assert.match(replay, /@resource nvarchar\(32\) =/, 'within the 32 characters sys.dm_tran_locks shows');
     assert.match(replay, /SELECT @id = k\.execution_id, @token = k\.execution_token, @madeDigest = k\.request_digest\s+FROM asyncexec\.AsyncExecIdempotencyKeys AS k\s+WHERE k\.scope = @scope AND k\.idempotency_key = @key;/);
-    assert.match(replay, /IF ERROR_NUMBER\(\) <> 1222\s+BEGIN\s+THROW;\s+END;[\s\S]*THROW 50017, @message, 1;/);
+    assert.match(replay, /IF ERROR_NUMBER\(\) <> 1222\s+BEGIN\s+THROW;\s+END;\s+SET @inUse = 1;/);
+    assert.match(replay, /IF @inUse = 1\s+BEGIN[\s\S]*?THROW 50017, @message, 1;/);
     assert.doesNotMatch(replay, /AsyncExecResults|HOLDLOCK|UPDLOCK/, 'the key row alone, and no range held');
     assert.match(replay, /IF @madeDigest <> @digest\s+BEGIN[\s\S]*THROW 50016, @message, 1;/);
   });
 
-  it('answers a replay before any check of the call, checks again inside its own transaction, and records the key with the call', async () => {
+  it('answers a replay before any check of the call, checks again under the key\'s lock inside the transaction, and records the key with the call', async () => {
     const invoke = codeOnly(await procedure('usp_AsyncExecInvoke'));
-    const replays = [...invoke.matchAll(/EXEC asyncexec\.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;/g)].map((m) => m.index!);
-    assert.equal(replays.length, 2);
-    assert.ok(replays[0] < invoke.indexOf('FROM asyncexec.AsyncExecProcedures AS r'), 'the first, before the registration is read');
+    const early = invoke.indexOf('EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;');
+    const locked = invoke.indexOf('EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @lock = 1, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;');
+    assert.ok(early > 0 && early < invoke.indexOf('FROM asyncexec.AsyncExecProcedures AS r'), 'the first, before the registration is read');
     const tryAt = invoke.indexOf('BEGIN TRY\n        IF @idempotencyKey IS NOT NULL\n');
-    const lock = invoke.indexOf('EXEC @lockResult = sys.sp_getapplock @Resource = @resource,');
-    assert.match(withoutComments(await procedure('usp_AsyncExecInvoke')), /EXEC @lockResult = sys\.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;/);
-    assert.ok(tryAt > 0 && lock > tryAt && replays[1] > lock && replays[1] < invoke.indexOf('SET @token = NEWID();'), "the second, in the TRY, under the key's application lock, taken without waiting");
-    assert.match(invoke.slice(lock), /^[^;]+;\s+IF @lockResult < -1\s+BEGIN[\s\S]*?THROW 50025, @message, 1;\s+END;\s+IF @lockResult = -1\s+BEGIN[\s\S]*?THROW 50017, @message, 1;/, 'held: 50017; a fault of the call: not "send it again"');
-    assert.match(invoke, /@resource nvarchar\(32\) =/, 'within the 32 characters sys.dm_tran_locks shows');
+    assert.ok(tryAt > 0 && locked > tryAt && locked < invoke.indexOf('SET @token = NEWID();'), 'the second, first in the TRY, under the lock');
     const results = invoke.indexOf('INSERT asyncexec.AsyncExecResults');
     const key = invoke.indexOf('INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)');
     assert.ok(results > 0 && key > results && key < invoke.indexOf('BEGIN CATCH', key), 'the key is written after the call, in the same TRY');

@@ -338,37 +338,10 @@ BEGIN
     BEGIN TRY
         IF @idempotencyKey IS NOT NULL
         BEGIN
-            -- The key's application lock, held to the end of the transaction (@LockOwner =
-            -- 'Transaction'), never waited for (@LockTimeout = 0: "returns -1 ... if the lock
-            -- cannot be granted immediately", sp_getapplock): every transaction that inserts the key
-            -- holds it, so under it no other can be inserting the key, and one that finds it held is
-            -- refused at once (50017). The key's own lock, nothing of a range: another new key never
-            -- waits for this one. Named by 72 bits of a SHA-256 of the caller and the key, within
-            -- 32 characters as the calls' locks are (0005_activated.sql: sys.dm_tran_locks shows it
-            -- whole); two keys whose bits agree would only refuse each other while both are held.
-            -- The hash is of their bytes, so case counts, as in the table; the scope's length first,
-            -- so no two (scope, key) pairs are one text; RTRIM: the table's = ignores trailing
-            -- blanks of the scope, so must the lock.
-            DECLARE @lockResult int, @resource nvarchar(32) =
-                N'asyncexec.key/' + LEFT(CONVERT(nvarchar(64), HASHBYTES('SHA2_256',
-                    CONCAT(LEN(@scope), N':', RTRIM(@scope), NCHAR(1), @idempotencyKey)), 2), 18);
-            -- 0 granted; -1 not at once (held); other negative results are faults of the call
-            -- ("sp_getapplock", return code values): no error is raised for any of them
-            EXEC @lockResult = sys.sp_getapplock @Resource = @resource, @LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 0;
-            IF @lockResult < -1
-            BEGIN
-                SET @message = CONCAT(N'usp_AsyncExecInvoke: sp_getapplock returned ', @lockResult, N' for the idempotency key');
-                SET @message = REPLACE(@message, N'%', N'%%');
-                THROW 50025, @message, 1;
-            END;
-            IF @lockResult = -1
-            BEGIN
-                SET @message = CONCAT(N'idempotency key "', @idempotencyKey, N'" is in use by a transaction that has not ended: send the call again in a moment');
-                SET @message = REPLACE(@message, N'%', N'%%');
-                THROW 50017, @message, 1;
-            END;
-            -- committed since the check above, by a transaction that has ended: a replay
-            EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
+            -- read again under the key's application lock (@lock = 1: held to the end of this
+            -- transaction; 50017 at once when another transaction holds it): committed since the
+            -- check above, by a transaction that has ended, it is a replay
+            EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @lock = 1, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
             IF @madeId IS NOT NULL
             BEGIN
                 IF @trancount = 0

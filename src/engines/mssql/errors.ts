@@ -10,7 +10,7 @@ import { EngineError, toError, type EngineErrorCode } from '../../engine.js';
  * do not allow the procedure; usp_AsyncExecReplay (0017_idempotency_keys.sql): 50016 IDEMPOTENCY_KEY_REUSED, a key
  * the caller sent before with another call, and 50017 IDEMPOTENCY_KEY_IN_USE (also usp_AsyncExecInvoke), one
  * another transaction holds. 50020–50022 and 50024 are faults of the machinery, 50023 one of the caller of
- * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50025 of usp_AsyncExecInvoke (sp_getapplock failed on an idempotency key), 50041 of usp_AsyncExecPurge, 50042 of usp_AsyncExecRecover,
+ * usp_AsyncExecCancelBatch (0008_cancel_batch.sql), 50025 of usp_AsyncExecReplay (sp_getapplock failed on an idempotency key), 50041 of usp_AsyncExecPurge, 50042 of usp_AsyncExecRecover,
  * 50043 of usp_AsyncExecFireSchedule and 50044 of usp_AsyncExecListenerWake (called inside a transaction): they
  * stay unmapped, as 50045 (usp_AsyncExecProgress: a percent outside 0–100), which reaches the called procedure
  * that reported, never the service's caller. 50014 (the callee ended the
