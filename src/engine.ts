@@ -44,10 +44,11 @@ export interface InvokeCall {
    */
   callerRoles?: readonly string[] | null;
   /**
-   * The caller's key for this call (1–128 characters, no control characters): the same key sent
-   * again by the same caller (`submittedBy`) with the same call returns the execution the first one
-   * made, and submits nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED). Held as
-   * long as that execution's history is kept. Not taken by a batch's calls.
+   * The caller's key for this call (checkIdempotencyKey): the same key sent again by the same caller
+   * (`submittedBy`) with the same call returns the execution the first one made, and submits
+   * nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED); while another transaction
+   * that has not ended holds it, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly).
+   * Held as long as that execution's history is kept. Not taken by a batch's calls.
    */
   idempotencyKey?: string | null;
 }
