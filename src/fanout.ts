@@ -264,11 +264,6 @@ export function useSharedEventExecution(options: {
 const payloads = new WeakMap<object, string>();
 
 /**
- * A result's payload as JSON, the one graphql-ws writes (the result, its errors by their
- * toJSON(), last), once per result object. Without errors it is the result's plain JSON, as
- * yoga's SSE writer makes it.
- */
-/**
  * An error's JSON without `extensions.http`: the status and headers yoga answers an HTTP request
  * with (429 and Retry-After for RATE_LIMITED), and strips from what it writes there. Over a
  * socket nothing reads them, and they are the service's own wiring. (Errors are written here only
@@ -280,6 +275,11 @@ function withoutHttp(error: ReturnType<GraphQLError['toJSON']>): ReturnType<Grap
   return { ...error, extensions };
 }
 
+/**
+ * A result's payload as JSON, the one graphql-ws writes (the result, its errors by their
+ * toJSON() without extensions.http, last), once per result object. Without errors it is the result's plain JSON, as
+ * yoga's SSE writer makes it.
+ */
 function payloadJson(result: ExecutionResult): string {
   let json = payloads.get(result);
   if (json === undefined) {
