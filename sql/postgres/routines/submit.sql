@@ -153,8 +153,8 @@ begin
     if not found then
       submitted := asyncproc.replayed(submit.submitted_by, submit.idempotency_key, digest);
       if submitted.id is null then
-        -- the call that took the key is gone again (purged in between): a try later finds the key free
-        raise exception 'idempotency key "%" was taken and freed while this call waited for it', idempotency_key
+        -- the row it met is not there to read (purged in between): a try later finds the key free
+        raise exception 'idempotency key "%" was taken by a call this transaction cannot read', idempotency_key
           using errcode = 'serialization_failure';
       end if;
       return submitted;
