@@ -1443,7 +1443,7 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         assert.ok((await submit([call('k'.repeat(128), unique('long'))]))[0].token, '128 characters are a key');
       });
 
-      it('a second transaction with the key is refused at once while the first is open (IDEMPOTENCY_KEY_IN_USE); then it gets its call if that committed, a new one if it rolled back', async () => {
+      it('a second transaction with the key, while the first is open: waits for it (PostgreSQL) or is refused at once with IDEMPOTENCY_KEY_IN_USE (SQL Server); then it gets its call if that committed, a new one if it rolled back', async () => {
         for (const outcome of ['commit', 'rollback'] as const) {
           const key = unique(`race-${outcome}`);
           let release!: () => void;
@@ -1457,12 +1457,20 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
             })
             .catch((error: Error) => assert.equal(error.message, 'rolled back on purpose'));
           await waitFor(async () => firstToken !== '', 10_000, 'the first transaction to invoke');
-          await assert.rejects(submit([call(key, 'svc')]), isCode('IDEMPOTENCY_KEY_IN_USE'));
           // another new key meanwhile: its own, never waiting for this one
           assert.ok((await submit([call(unique(`${key}-next`), 'svc')]))[0].token);
+          let second: Promise<Execution[]> | null = null;
+          if (engine.kind === 'postgres') {
+            let settled = false;
+            second = submit([call(key, 'svc')]).finally(() => (settled = true));
+            await new Promise((resolve) => setTimeout(resolve, 300));
+            assert.equal(settled, false, 'a caller\'s transaction waits for the key, as for a row lock');
+          } else {
+            await assert.rejects(submit([call(key, 'svc')]), isCode('IDEMPOTENCY_KEY_IN_USE'));
+          }
           release();
           await first;
-          const [theirs] = await submit([call(key, 'svc')]);
+          const [theirs] = second ? await second : await submit([call(key, 'svc')]);
           if (outcome === 'commit') assert.equal(theirs.token, firstToken);
           else assert.notEqual(theirs.token, firstToken);
           assert.equal(await engine.getExecution(firstToken).then((e) => e?.token ?? null), outcome === 'commit' ? firstToken : null);

@@ -175,33 +175,54 @@ describe('an idempotency key', () => {
     console.log(`# ${inUse} answers of IDEMPOTENCY_KEY_IN_USE before the tokens`);
   });
 
-  it("held by a caller's open transaction: another transaction with the key is refused at once (IDEMPOTENCY_KEY_IN_USE), then gets the first's call if it commits, or makes its own if it rolls back; nobody else waits", async () => {
+  it("held by a caller's open transaction: the service refuses it at once (IDEMPOTENCY_KEY_IN_USE) and nobody else waits; another caller's transaction waits for it, then gets its call if it commits, or makes its own if it rolls back", async () => {
     for (const outcome of ['commit', 'rollback'] as const) {
       const key = `tx-${outcome}`;
       const [first, second] = [await cluster.connect(url), await cluster.connect(url)];
       try {
         await first.query('begin');
         const mine = await engine.invoke(first, { procedure: 'demo.noop', arguments: {}, submittedBy: 'alice', idempotencyKey: key });
-        // meanwhile: the same key from another transaction, and over GraphQL, refused at once;
-        // calls without a key on the same instances go on (a held key froze them all)
-        await second.query('begin');
-        await assert.rejects(engine.invoke(second, { procedure: 'demo.noop', arguments: {}, submittedBy: 'alice', idempotencyKey: key }), { code: 'IDEMPOTENCY_KEY_IN_USE' });
-        await second.query('rollback');
+        // the same key over GraphQL, refused at once; calls without a key on the same instances go
+        // on (one statement waiting for the key froze them all)
         assert.equal((await invoke(one, alice, { procedure: 'demo.noop', arguments: {}, idempotencyKey: key })).code, 'IDEMPOTENCY_KEY_IN_USE');
         const others = await Promise.race([
           Promise.all([one, two, one, two].map((app) => invoke(app, bob, {}))),
           new Promise<never>((_, reject) => setTimeout(() => reject(new Error('calls without a key waited for the held one')), 10_000)),
         ]);
         assert.ok(others.every((o) => o.token), JSON.stringify(others.map((o) => o.body)));
+        // a caller's own transaction waits for it, as for a row lock (a procedure a worker runs
+        // cannot pause and send again)
+        await second.query('begin');
+        let settled = false;
+        const waiting = engine.invoke(second, { procedure: 'demo.noop', arguments: {}, submittedBy: 'alice', idempotencyKey: key }).finally(() => (settled = true));
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        assert.equal(settled, false, 'the second transaction waits for the first');
         await first.query(outcome);
-        const after = await invoke(two, alice, { procedure: 'demo.noop', arguments: {}, idempotencyKey: key });
-        if (outcome === 'commit') assert.equal(after.token, mine.token);
-        else assert.ok(after.token && after.token !== mine.token, JSON.stringify(after.body));
-        assert.deepEqual((await holding(key)).map((r) => r.token), [after.token]);
+        const theirs = await waiting;
+        await second.query('commit');
+        if (outcome === 'commit') assert.equal(theirs.token, mine.token);
+        else assert.notEqual(theirs.token, mine.token);
+        assert.equal((await invoke(two, alice, { procedure: 'demo.noop', arguments: {}, idempotencyKey: key })).token, theirs.token);
+        assert.deepEqual((await holding(key)).map((r) => r.token), [theirs.token]);
       } finally {
         await first.end();
         await second.end();
       }
+    }
+  });
+
+  it("a key refused as in use is transient for the engine: a library caller's retry on isTransient sends it again", async () => {
+    const client = await cluster.connect(url);
+    try {
+      await client.query('begin');
+      await engine.invoke(client, { procedure: 'demo.noop', arguments: {}, submittedBy: 'carol', idempotencyKey: 'transient-1' });
+      const refused = await engine.submit([{ procedure: 'demo.noop', arguments: {}, submittedBy: 'carol', idempotencyKey: 'transient-1' }]).catch((e: unknown) => e);
+      assert.ok(refused instanceof EngineError && refused.code === 'IDEMPOTENCY_KEY_IN_USE', String(refused));
+      assert.equal(engine.isTransient(refused), true);
+      assert.equal(engine.isTransient(new EngineError('IDEMPOTENCY_KEY_REUSED', 'x')), false, 'another call under the key is not');
+      await client.query('commit');
+    } finally {
+      await client.end();
     }
   });
 

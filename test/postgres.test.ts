@@ -906,11 +906,11 @@ describe("the service's named submit statements", () => {
       assert.equal((await one(call('demo.flip', { x: 2 }))).length, 1);
 
       // another instance's migration replaces the routine: the statements find the new one, never the old
-      await db.query(`alter function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text) rename to submit_old`);
+      await db.query(`alter function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text, boolean) rename to submit_old`);
       await assert.rejects(one(add), (e: any) => e.code === '42883');
       await assert.rejects(two(add), (e: any) => e.code === '42883');
       await db.query(await readFile(new URL('../sql/postgres/routines/submit.sql', import.meta.url), 'utf8'));
-      await db.query(`drop function asyncproc.submit_old(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text)`);
+      await db.query(`drop function asyncproc.submit_old(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text, boolean)`);
       await admin.registerProcedure('demo.add');
       assert.equal((await one(add)).length, 1);
       assert.equal((await two(add)).length, 2);
@@ -941,7 +941,7 @@ describe("the service's named submit statements", () => {
     try {
       assert.equal((await service.submit([add])).length, 1);
       assert.equal((await service.submit([add, add])).length, 2);
-      await db.query(`revoke execute on function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text) from ${role}`);
+      await db.query(`revoke execute on function asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text, boolean) from ${role}`);
       await assert.rejects(service.submit([add]), (e: any) => e.code === '42501');
       await assert.rejects(service.submit([add, add]), (e: any) => e.code === '42501');
       assert.equal(Number((await db.query('select count(*) as n from asyncproc.executions')).rows[0].n), 3);

@@ -3,11 +3,13 @@
 -- callers in their own transactions, the service with authentication off).
 -- idempotency_key (0018_idempotency_keys.sql): a key this caller (submitted_by) sent before with
 -- the same call returns that call's execution, and nothing is submitted; with another call it is
--- refused (AP012); held by another transaction that has not ended, refused at once (AP013). Checked
+-- refused (AP012); held by another transaction that has not ended, waited for (key_wait) or refused
+-- at once (AP013). Checked
 -- before anything else: a replay is answered as the first call was, whatever changed since (the
 -- procedure unregistered, the caller's roles).
 drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer);
 drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[]);
+drop function if exists asyncproc.submit(text, jsonb, text, timestamptz, integer, text, boolean, uuid, integer, text[], text);
 create or replace function asyncproc.submit(
   procedure    text,
   arguments    jsonb default '{}',
@@ -19,7 +21,8 @@ create or replace function asyncproc.submit(
   in_batch     uuid default null,
   in_stage     integer default null,    -- 1-based; stages after the first are held
   caller_roles text[] default null,
-  idempotency_key text default null
+  idempotency_key text default null,
+  key_wait     boolean default true     -- false: a key another transaction holds is refused at once (AP013)
 ) returns asyncproc.executions
 language plpgsql as $$
 declare
@@ -49,13 +52,18 @@ begin
     -- epoch: its text would follow the session's TimeZone)
     digest := sha256(convert_to(jsonb_build_array(submit.procedure, arguments, submit.queue,
                                                   extract(epoch from submit.run_at), submit.max_attempts)::text, 'UTF8'));
-    -- Every transaction that submits with the key holds this lock until it ends: one that finds it
-    -- held is refused at once (AP013, try again: the other commits or rolls back soon), rather than
-    -- waiting for it (its insert would wait on the key's unique index): a key held by a caller's
-    -- long transaction froze every single invoke of a service instance, which shares one statement
-    -- at a time between them (SubmitCoalescer). The same transaction takes it again at once.
-    if not pg_try_advisory_xact_lock(asyncproc.key_lock1(submit.submitted_by, submit.idempotency_key),
-                                     asyncproc.key_lock2(submit.submitted_by, submit.idempotency_key)) then
+    -- Every transaction that submits with the key holds this lock until it ends, so under it no
+    -- other is inserting the key. A caller's own transaction (invoke_once, the library's invoke,
+    -- a procedure a worker runs) waits for it, as for any row lock, and then replays what the other
+    -- committed. The service's own statements (key_wait false) are refused at once instead (AP013,
+    -- send it again shortly): one of them waiting on a caller's long transaction froze every single
+    -- invoke of its instance, which share one statement at a time (SubmitCoalescer). The same
+    -- transaction takes the lock again at once.
+    if key_wait then
+      perform pg_advisory_xact_lock(asyncproc.key_lock1(submit.submitted_by, submit.idempotency_key),
+                                    asyncproc.key_lock2(submit.submitted_by, submit.idempotency_key));
+    elsif not pg_try_advisory_xact_lock(asyncproc.key_lock1(submit.submitted_by, submit.idempotency_key),
+                                        asyncproc.key_lock2(submit.submitted_by, submit.idempotency_key)) then
       raise exception 'idempotency key "%" is in use by a transaction that has not ended', idempotency_key
         using errcode = 'AP013', hint = 'Send the call again in a moment: the same call then gets the execution that transaction made, if it committed.';
     end if;

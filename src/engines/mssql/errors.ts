@@ -59,6 +59,8 @@ export function mapDatabaseError(error: unknown): Error {
 const TRANSIENT_NUMBERS = new Set([
   -2, 20, 64, 233, 997, 1204, 1205, 1222, 4060, 4221, 10053, 10054, 10060, 10928, 10929, 40143, 40197, 40501, 40540, 40613, 42108, 42109, 49918,
   49919, 49920,
+  // ours: an idempotency key another transaction holds (usp_AsyncExecReplay): sent again shortly, it is replayed or made
+  50017,
 ]);
 /** mssql's and tedious's codes of a connection that is gone, not open yet, timed out or was cut (not ELOGIN: a refused login is for a person). */
 const TRANSIENT_CODES = new Set(['ESOCKET', 'ECONNCLOSED', 'ETIMEOUT', 'ENOTOPEN', 'ENOCONN', 'EINSTLOOKUP', 'ECANCEL', 'ECONNRESET', 'ECONNREFUSED', 'EPIPE']);

@@ -38,9 +38,11 @@ export function mapDatabaseError(error: unknown): unknown {
  * connections and out of memory (53300, 53200), a serialization failure or deadlock (40001,
  * 40P01: "the transaction can be retried"), a lock not available now (55P03), a statement
  * cancelled, as a statement_timeout does (57014), and a database "not currently accepting
- * connections" (55000, raised at connect while ALLOW_CONNECTIONS is false for maintenance).
+ * connections" (55000, raised at connect while ALLOW_CONNECTIONS is false for maintenance), and
+ * an idempotency key another transaction holds (AP013, IDEMPOTENCY_KEY_IN_USE: sent again shortly,
+ * it is replayed or made).
  */
-const TRANSIENT_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '53200', '40001', '40P01', '55P03', '57014', '55000']);
+const TRANSIENT_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '53200', '40001', '40P01', '55P03', '57014', '55000', 'AP013']);
 
 /**
  * Whether a failed request may succeed when tried again (Engine.isTransient): a SQLSTATE of
@@ -51,6 +53,7 @@ const TRANSIENT_SQLSTATES = new Set(['57P01', '57P02', '57P03', '53300', '53200'
  * denied, 3D000 no such database, 28P01 a password refused) is for a person to mend.
  */
 export function isTransient(error: unknown): boolean {
+  if (error instanceof EngineError) return error.code === 'IDEMPOTENCY_KEY_IN_USE';
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code === 'string' && code) {
     // Node's system errors; no SQLSTATE class begins with E

@@ -104,7 +104,8 @@ const SUBMIT_IN_CALLERS_TRANSACTION = `select r.refused_code, r.refused_message,
   from asyncproc.submit_or_refuse($1, $2::jsonb, $3, $4, $5, $6, $7, $8::text[], $9) r
   cross join lateral (select (r.execution).*) e`;
 
-const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[], idempotency_key => $9) e`;
+// the service's own statements never wait for a key another transaction holds (key_wait, submit.sql)
+const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[], idempotency_key => $9, key_wait => false) e`;
 
 function submitValues(call: InvokeCall, quiet: boolean): unknown[] {
   return [
@@ -154,7 +155,7 @@ async function submitRows(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<
                                      (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
                                      c.call ->> 'submittedBy', true,
                                      caller_roles => asyncproc.text_array(c.call -> 'callerRoles'),
-                                     idempotency_key => c.call ->> 'idempotencyKey') e
+                                     idempotency_key => c.call ->> 'idempotencyKey', key_wait => false) e
       order by c.n`,
     values: [JSON.stringify(callsAsJson(calls))],
   });
@@ -200,6 +201,10 @@ export class SubmitCoalescer {
 
   submit(call: InvokeCall): Promise<Execution> {
     checkArguments(call);
+    // a keyed call alone: its key may be refused (IDEMPOTENCY_KEY_IN_USE), which would roll back
+    // the statement it shares and send every other call of it again alone (a client retrying a held
+    // key with no pause slowed every other caller of the instance)
+    if (call.idempotencyKey != null) return submitRows(this.pool, [call]).then(([execution]) => execution, (error: unknown) => Promise.reject(mapDatabaseError(error)));
     return new Promise((resolve, reject) => {
       this.waiting.push({ call, resolve, reject });
       this.pump();
