@@ -46,9 +46,11 @@ export interface InvokeCall {
   /**
    * The caller's key for this call (checkIdempotencyKey): the same key sent again by the same caller
    * (`submittedBy`) with the same call returns the execution the first one made, and submits
-   * nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED); while another transaction
-   * that has not ended holds it, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly).
-   * Held as long as that execution's history is kept. Not taken by a batch's calls.
+   * nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED). While another transaction
+   * that has not ended holds it, `submit` refuses it at once (IDEMPOTENCY_KEY_IN_USE, transient:
+   * send it again shortly), and so does SQL Server's `invoke`; PostgreSQL's `invoke(tx, call)`
+   * waits for that transaction, as for a row lock. Held as long as that execution's history is
+   * kept. Not taken by a batch's calls.
    */
   idempotencyKey?: string | null;
 }
