@@ -680,8 +680,8 @@ export class CompletionHub implements ListenerSink, Closeable {
     // batches the feed hands out while the replay runs wait for it
     let buffered: FeedBatch[] | null = [];
     let bufferedChanges = 0;
-    /** Where this stream began (its cursor, or the position when it joined): set by its first read. */
-    let began: Snapshot | null = null;
+    /** Where this stream began: its cursor, or (without one) the position of its first read. */
+    let began: Snapshot | null = floor;
     const stream: EventStream = {
       // a stream that began seeing every purged writer was owed none of their changes (a new
       // subscriber that joined after the purge was ended with the others on a loaded machine)
