@@ -157,7 +157,7 @@ describe('an idempotency key', () => {
     assert.equal((await holding('dropped-1')).length, 1);
   });
 
-  it('sent by 40 requests at once to two instances makes exactly one execution: each request gets its token, or IDEMPOTENCY_KEY_IN_USE while another holds the key and then its token', async () => {
+  it('sent by 40 requests at once to two instances makes exactly one execution: each request gets its token, or IDEMPOTENCY_KEY_IN_USE while another holds the key and then its token', async (t) => {
     let inUse = 0;
     const answers = await Promise.all(
       Array.from({ length: 40 }, async (_, i) => {
@@ -172,7 +172,7 @@ describe('an idempotency key', () => {
     const tokens = new Set(answers.map((a) => a.token));
     assert.equal(tokens.size, 1, JSON.stringify(answers.map((a) => a.body).filter((b) => b.errors)));
     assert.deepEqual((await holding('race-1')).map((r) => r.token), [...tokens]);
-    console.log(`# ${inUse} answers of IDEMPOTENCY_KEY_IN_USE before the tokens`);
+    t.diagnostic(`${inUse} answers of IDEMPOTENCY_KEY_IN_USE before the tokens`);
   });
 
   it("held by a caller's open transaction: the service refuses it at once (IDEMPOTENCY_KEY_IN_USE) and nobody else waits; another caller's transaction waits for it, then gets its call if it commits, or makes its own if it rolls back", async () => {
