@@ -517,6 +517,9 @@ export type EngineErrorCode =
   /** An idempotency key another transaction holds (a request with it still under way); nothing was submitted: send it again shortly. */
   | 'IDEMPOTENCY_KEY_IN_USE';
 
+/** Half of a surrogate pair: a high one not followed by a low one, or a low one not preceded by a high one (neither database nor UTF-8 holds one). */
+export const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
 /** Longest idempotency key, in UTF-16 code units (SQL Server keeps it as nvarchar(128)). */
 export const MAX_IDEMPOTENCY_KEY = 128;
 
@@ -528,7 +531,7 @@ export function checkIdempotencyKey(key: unknown): void {
   // SQL Server's = ignores trailing blanks ("k " would be "k"): refused on both engines alike
   if (key !== key.trim()) throw new EngineError('BAD_USER_INPUT', 'idempotencyKey must not begin or end with white space');
   // control characters, and half of a surrogate pair (neither database stores one as sent)
-  if (/[\u0000-\u001f\u007f-\u009f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(key)) {
+  if (/[\u0000-\u001f\u007f-\u009f]/.test(key) || LONE_SURROGATE.test(key)) {
     throw new EngineError('BAD_USER_INPUT', 'idempotencyKey holds a control character or half of a surrogate pair');
   }
 }

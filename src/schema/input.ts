@@ -1,3 +1,4 @@
+import { LONE_SURROGATE } from '../engine.js';
 import { userError } from './errors.js';
 
 /**
@@ -7,9 +8,6 @@ import { userError } from './errors.js';
 
 /** Deepest nesting of objects and arrays in one request's variables (a call's arguments sit about 4 levels down). */
 export const MAX_JSON_DEPTH = 100;
-
-// a high surrogate not followed by a low one, or a low one not preceded by a high one
-const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
 
 /** Why a string cannot be stored (PostgreSQL text and jsonb refuse NUL; neither database nor UTF-8 holds a lone surrogate), or null. */
 export function textProblem(value: string): string | null {

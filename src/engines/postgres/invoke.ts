@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { checkIdempotencyKey, EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, LONE_SURROGATE, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
@@ -17,7 +17,7 @@ export function checkArguments(call: InvokeCall): void {
 /** Longest `submittedBy` kept, in UTF-8 bytes (an index holds it: past about 2,700 bytes PostgreSQL refuses the row). */
 const MAX_SUBMITTED_BY = 1000;
 /** A NUL, or half of a surrogate pair: PostgreSQL's text and jsonb hold neither. */
-const UNSTORABLE = /\u0000|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+const UNSTORABLE = new RegExp(`\\u0000|${LONE_SURROGATE.source}`);
 
 /**
  * What in `value` JSON would not carry as it is: a string (a key too) PostgreSQL cannot store, or
