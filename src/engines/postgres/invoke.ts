@@ -204,7 +204,7 @@ export class SubmitCoalescer {
     // a keyed call alone: its key may be refused (IDEMPOTENCY_KEY_IN_USE), which would roll back
     // the statement it shares and send every other call of it again alone (a client retrying a held
     // key with no pause slowed every other caller of the instance)
-    if (call.idempotencyKey != null) return submitRows(this.pool, [call]).then(([execution]) => execution, (error: unknown) => Promise.reject(mapDatabaseError(error)));
+    if (call.idempotencyKey != null) return submitMany(this.pool, [call]).then(([execution]) => execution);
     return new Promise((resolve, reject) => {
       this.waiting.push({ call, resolve, reject });
       this.pump();
