@@ -488,6 +488,11 @@ describe('values that arrive as they were sent, or are refused (a probe found ea
       const out = done.result.outputParameters;
       for (const at of [out.lower_out, out.at_out, out.t_out]) assert.equal(Date.parse(at), Date.parse('2024-06-01T03:00:00Z'), JSON.stringify(out));
       assert.equal(out.days_out, '{[2024-02-01,2024-02-03)}', 'day first, as the caller reads dates');
+      // the basic form alone (nothing else in the arguments looks like a date)
+      const { rows: [basic] } = await sql.query<{ token: string }>(
+        `select token::text from asyncproc.submit('billing.spans', '{"t": "20240601T120000"}'::jsonb)`,
+      );
+      assert.equal(Date.parse((await finished(basic.token)).result.outputParameters.t_out), Date.parse('2024-06-01T03:00:00Z'), 'read in Tokyo');
       // 'now' inside a range is the moment of the submit, not of the run 1.5 s later
       const { rows: [now] } = await sql.query<{ token: string; submitted: Date }>(
         `select token::text, clock_timestamp() as submitted from asyncproc.submit('billing.spans', '{"r": "[now,infinity)"}'::jsonb, run_at => now() + interval '1.5 seconds')`,
