@@ -294,6 +294,8 @@ export interface GroupCommits {
 export interface QueueInfo {
   name: string;
   concurrency: number;
+  /** Paused: its calls are taken and wait PENDING; none starts until it is resumed (pauseQueue). */
+  paused: boolean;
   groupCommits: GroupCommits;
   waiting: number;
   pending: number;
@@ -636,6 +638,13 @@ export interface Engine<Tx = unknown> {
    * NOT_SUPPORTED for a grouping the engine cannot honour. Nothing changes on either error.
    */
   configureQueue(name: string, concurrency: number, groupCommits?: Partial<GroupCommits>): Promise<QueueInfo>;
+  /**
+   * Pause a queue (paused true) or resume it. Paused, it still takes calls, which wait PENDING;
+   * none of its calls starts in any worker process from the pause on (calls running then end as
+   * they would; one already claimed is given back). Cancels, retries' backoff, batches and
+   * schedules go on. NOT_FOUND for an unknown queue; NOT_SUPPORTED on SQL Server.
+   */
+  pauseQueue(name: string, paused: boolean): Promise<QueueInfo>;
   /** Executions RUNNING now (optionally of one queue), longest-running first, with elapsed time by the database clock. */
   listRunning(queue: string | null, limit: number, submittedBy?: string | null): Promise<RunningExecution[]>;
   /**

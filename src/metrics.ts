@@ -85,6 +85,16 @@ export class ServiceMetrics implements HubObserver {
         for (const queue of await metrics.listQueues()) this.set({ queue: queue.name }, queue.concurrency);
       },
     });
+    new Gauge({
+      name: `${PREFIX}queue_paused`,
+      help: 'Whether each queue is paused (1: it takes calls but starts none)',
+      labelNames: ['queue'],
+      registers,
+      async collect() {
+        this.reset();
+        for (const queue of await metrics.listQueues()) this.set({ queue: queue.name }, queue.paused ? 1 : 0);
+      },
+    });
     this.finished = new Counter({
       name: `${PREFIX}executions_finished_total`,
       help: 'Executions seen ending, by status and procedure (per instance: every instance sees every completion; aggregate with max)',

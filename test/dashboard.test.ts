@@ -388,6 +388,29 @@ describe('steering', () => {
     await page.context().close();
   });
 
+  it('pauses a queue, after asking: its row says so, its calls wait; Resume runs them', async () => {
+    await gqlData(t, 'mutation { configureQueue(input: { name: "held", concurrency: 2 }) { queue { name } } }');
+    const paused = async () => (await gqlData(t, '{ queues { name paused } }')).queues.find((q: { name: string }) => q.name === 'held').paused as boolean;
+    const { page, errors } = await open(t, '#/queues');
+    const row = page.locator('[data-queue="held"]');
+    await row.getByRole('button', { name: 'Pause' }).click();
+    assert.equal(await paused(), false, 'nothing happens before the confirmation');
+    await row.getByRole('button', { name: 'Yes, pause' }).click();
+    await page.locator('tr.paused[data-queue="held"] .tag', { hasText: 'paused' }).waitFor();
+    assert.equal(await paused(), true);
+    const token = await invoke(t, { procedure: 'demo.noop', queue: 'held' });
+    await shows(page, '[data-queue="held"] [data-count="pending"]', /^1$/);
+    await sleep(1500);
+    assert.equal(await statusOf(t, token), 'PENDING');
+    await row.getByRole('button', { name: 'Resume' }).click();
+    await row.getByRole('button', { name: 'Yes, resume' }).click();
+    await page.locator('tr.paused[data-queue="held"]').waitFor({ state: 'detached' });
+    await waitFor(async () => (await statusOf(t, token)) === 'SUCCEEDED', 30_000, 'the call run once resumed');
+    assert.equal(await paused(), false);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
   it('pauses and resumes a schedule, after asking', async () => {
     await gqlData(t, 'mutation { createSchedule(input: { name: "hourly", procedure: "demo.noop", cron: "0 * * * *" }) { schedule { name } } }');
     const paused = async () => (await gqlData(t, '{ schedule(name: "hourly") { paused } }')).schedule.paused as boolean;
@@ -565,11 +588,15 @@ describe('signing in', () => {
       await shows(page, '[data-queue="grouped"] [data-setting="groupCommits"]', /^20 calls \/ 50 ms$/);
       await shows(page, '[data-queue="default"] [data-setting="groupCommits"]', /^off$/);
       await shows(page, 'main.page', 'Only admins');
+      assert.equal(await page.getByRole('button', { name: 'Pause' }).count(), 0, 'no Pause button');
       await page.context().close();
 
       assert.equal((await cancel(secured, token, { authorization: plain })).errors?.[0]?.extensions?.code, 'NOT_FOUND');
       const configure = await secured.gql('mutation { configureQueue(input: { name: "default", concurrency: 1 }) { queue { name } } }', {}, { authorization: plain });
       assert.equal(configure.body.errors?.[0]?.extensions?.code, 'FORBIDDEN');
+      const pause = await secured.gql('mutation { pauseQueue(name: "default") { queue { paused } } }', {}, { authorization: plain });
+      assert.equal(pause.body.errors?.[0]?.extensions?.code, 'FORBIDDEN');
+      assert.equal((await gqlData(secured, '{ queues { name paused } }', {}, admin)).queues.find((q: { name: string }) => q.name === 'default').paused, false);
       assert.equal(await statusOf(secured, token, admin), 'RUNNING');
     } finally {
       await cancel(secured, token, admin);

@@ -1,6 +1,6 @@
 import { checkRoles } from '../auth/apiKeys.js';
 import type { GroupCommits, OutcomeCounts, Procedure, ProcedureParameter, QueueInfo } from '../engine.js';
-import { builder } from './builder.js';
+import { builder, type Context } from './builder.js';
 import { guard, requireAdmin, userError } from './errors.js';
 
 const ParameterModeEnum = builder.enumType('ParameterMode', { values: ['IN', 'OUT', 'INOUT'] as const });
@@ -75,6 +75,9 @@ const QueueRef = builder.objectRef<QueueInfo>('Queue').implement({
   fields: (t) => ({
     name: t.exposeString('name'),
     concurrency: t.exposeInt('concurrency'),
+    paused: t.exposeBoolean('paused', {
+      description: 'Paused (pauseQueue): its calls are taken and wait PENDING; none starts until resumeQueue.',
+    }),
     groupCommits: t.field({ type: GroupCommitsRef, resolve: (q) => q.groupCommits }),
     waiting: t.exposeInt('waiting'),
     pending: t.exposeInt('pending'),
@@ -129,6 +132,19 @@ builder.mutationFields((t) => ({
         };
       }),
   }),
+  pauseQueue: t.field({
+    type: ConfigureQueuePayload,
+    description:
+      'Start no more calls of a queue, in any worker process, until resumeQueue. Its calls are still taken and wait PENDING; calls running now end as they would; cancels, retries, batches and schedules go on. Admins only. NOT_FOUND for an unknown queue; PostgreSQL only (NOT_SUPPORTED on SQL Server).',
+    args: { name: t.arg.string({ required: true }) },
+    resolve: (_root, { name }, context) => queueSwitch('pauseQueue', context, name, true),
+  }),
+  resumeQueue: t.field({
+    type: ConfigureQueuePayload,
+    description: 'Start the calls of a paused queue again, oldest first, within its concurrency. Admins only. A queue not paused is returned as it is.',
+    args: { name: t.arg.string({ required: true }) },
+    resolve: (_root, { name }, context) => queueSwitch('resumeQueue', context, name, false),
+  }),
   registerProcedure: t.field({
     type: ProcedurePayload,
     description: 'Make a routine invocable (or change its registration), with the checks of asyncproc.register. Admins only.',
@@ -173,3 +189,13 @@ builder.queryFields((t) => ({
       }),
   }),
 }));
+
+/** pauseQueue and resumeQueue: admins only, logged with who did it. */
+function queueSwitch(what: 'pauseQueue' | 'resumeQueue', context: Context, name: string, paused: boolean) {
+  return guard(async () => {
+    requireAdmin(context.principal, what);
+    const queue = await context.engine.pauseQueue(name, paused);
+    context.logger.info({ queue: queue.name, by: context.principal.subject }, what);
+    return { queue };
+  });
+}

@@ -1,13 +1,15 @@
 import type { ComponentChildren } from 'preact';
 import { useState } from 'preact/hooks';
 import { ApiError, gql } from '../api';
-import { ErrorNote, Grid, Section } from '../components';
+import { ConfirmAction, ErrorNote, Grid, Section } from '../components';
 import { capabilities, useLiveQuery } from '../live';
 import { useStore } from '../store';
 
 export interface Queue {
   name: string;
   concurrency: number;
+  /** Takes calls but starts none until resumed. */
+  paused: boolean;
   groupCommits: GroupCommits;
   waiting: number;
   pending: number;
@@ -22,23 +24,26 @@ export interface GroupCommits {
   maxMs: number;
 }
 
-export const QUEUES = `{ queues { name concurrency groupCommits { size maxMs } waiting pending running recentSeconds recent { succeeded failed cancelled } } }`;
+export const QUEUES = `{ queues { name concurrency paused groupCommits { size maxMs } waiting pending running recentSeconds recent { succeeded failed cancelled } } }`;
 
 const grouping = ({ size, maxMs }: GroupCommits) => (size === 1 ? 'off' : `${size} calls / ${maxMs} ms`);
 
 /**
- * The queues with their live counts; `settings` adds each queue's grouped commits, `edit` the admin's
- * fields for the concurrency and the grouping.
+ * The queues with their live counts, a paused one marked; `settings` adds each queue's grouped
+ * commits, `edit` the admin's fields for the concurrency and the grouping, and Pause / Resume.
  */
 export function QueueCounts({ queues, settings, edit, onSaved }: { queues: Queue[]; settings?: boolean; edit?: boolean; onSaved?: () => void }) {
   if (!queues.length) return <p class="muted">No queues.</p>;
   return (
     <div class="scroll">
-      <Grid class="queues" head={['queue', ['concurrency', 'num'], ...(settings ? ['grouped commits'] : []), ['waiting', 'num'], ['pending', 'num'], ['running', 'num'], [`ended (last ${Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)`, 'num']]}>
+      <Grid class="queues" head={['queue', ['concurrency', 'num'], ...(settings ? ['grouped commits'] : []), ['waiting', 'num'], ['pending', 'num'], ['running', 'num'], [`ended (last ${Math.round((queues[0]?.recentSeconds ?? 3600) / 60)} min)`, 'num'], ...(edit ? [''] : [])]}>
         <tbody>
           {queues.map((q) => (
-            <tr key={q.name} data-queue={q.name}>
-              <th>{q.name}</th>
+            <tr key={q.name} data-queue={q.name} class={q.paused ? 'paused' : undefined}>
+              <th>
+                {q.name}
+                {q.paused ? <span class="tag" title="It takes calls, which wait PENDING; none starts until it is resumed.">paused</span> : null}
+              </th>
               <td class="num">{edit ? <Concurrency queue={q} onSaved={onSaved} /> : q.concurrency}</td>
               {settings ? <td data-setting="groupCommits">{edit ? <Grouping queue={q} onSaved={onSaved} /> : grouping(q.groupCommits)}</td> : null}
               <td class="num" data-count="waiting">{q.waiting}</td>
@@ -54,11 +59,31 @@ export function QueueCounts({ queues, settings, edit, onSaved }: { queues: Queue
                 {q.recent.failed ? <span class="bad-text"> · {q.recent.failed} failed</span> : null}
                 {q.recent.cancelled ? <span class="muted"> · {q.recent.cancelled} cancelled</span> : null}
               </td>
+              {edit ? (
+                <td>
+                  <PauseQueue queue={q} onDone={onSaved} />
+                </td>
+              ) : null}
             </tr>
           ))}
         </tbody>
       </Grid>
     </div>
+  );
+}
+
+/** An admin's Pause / Resume of a queue, asked for once more before it is sent (SQL Server's refusal is shown in place). */
+function PauseQueue({ queue, onDone }: { queue: Queue; onDone?: () => void }) {
+  const mutation = queue.paused ? 'resumeQueue' : 'pauseQueue';
+  return (
+    <ConfirmAction
+      label={queue.paused ? 'Resume' : 'Pause'}
+      question={queue.paused ? `Start the calls of ${queue.name} again?` : `Start no more calls of ${queue.name} until resumed?`}
+      confirm={queue.paused ? 'Yes, resume' : 'Yes, pause'}
+      run={() => gql(`mutation Switch($name: String!) { ${mutation}(name: $name) { queue { name paused } } }`, { name: queue.name })}
+      onDone={onDone}
+      safe={queue.paused}
+    />
   );
 }
 
@@ -125,7 +150,8 @@ export function Queues() {
         <ErrorNote error={queues.error} />
         {queues.data ? <QueueCounts queues={queues.data.queues} settings edit={caps?.admin} onSaved={queues.reload} /> : <p class="muted">Loading…</p>}
         <p class="muted">Grouped commits: each worker of the queue runs up to that many short calls in one transaction, and none joins a group begun more than that many ms ago; off, each call commits alone. PostgreSQL only.</p>
-        {caps?.admin ? null : <p class="muted">Only admins change a queue's concurrency and grouped commits.</p>}
+        <p class="muted">A paused queue takes calls, which wait PENDING; none starts until it is resumed. Calls running when it is paused end as they would. PostgreSQL only.</p>
+        {caps?.admin ? null : <p class="muted">Only admins change a queue's concurrency and grouped commits, and pause or resume it.</p>}
       </Section>
       {caps?.admin ? (
         <Section title="New queue">

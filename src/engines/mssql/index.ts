@@ -291,6 +291,14 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return configureQueue(this.pool, name, concurrency, groupCommits);
   }
   /**
+   * Not on SQL Server yet. A reader of a paused queue would have to go on receiving its
+   * queue's other messages (a cancel's outcome, the lease timers) while leaving the requests
+   * where they are; turning activation off would hold those up as well (docs/mssql.md).
+   */
+  async pauseQueue(_name: string, _paused: boolean): Promise<QueueInfo> {
+    throw new EngineError('NOT_SUPPORTED', 'pausing a queue is not supported on SQL Server yet (docs/mssql.md); lower its concurrency meanwhile');
+  }
+  /**
    * WAITING/PENDING → CANCELLED at once; RUNNING → FORBIDDEN unless allowKill, else the
    * reader's session is killed and the call recorded CANCELLED (waits up to cancelWaitMs).
    */

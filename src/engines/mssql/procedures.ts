@@ -186,6 +186,7 @@ export function toQueueInfo(row: QueueRow, recentSeconds: number): QueueInfo {
   return {
     name: row.name,
     concurrency: row.concurrency,
+    paused: false,
     groupCommits: NO_GROUP_COMMITS,
     waiting: row.waiting,
     pending: row.pending,

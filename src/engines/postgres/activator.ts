@@ -297,7 +297,7 @@ class QueueWorkers {
         // claimed by the statement that ended the last call, asked for before the stop or before
         // the queue's concurrency fell below this slot: not started, given back (a call outside a
         // transaction is never started while stopping; a slot over the limit starts nothing)
-        next = await this.release(client, next.id, call, this.activator.stopping ? 'the worker is stopping' : "the queue's concurrency was lowered");
+        next = await this.release(client, next.id, call, this.activator.stopping ? 'the worker is stopping' : "the queue's concurrency was lowered, or it was paused");
         continue;
       }
       this.activator.options.logger.info(call, 'execution started');
@@ -707,6 +707,8 @@ export class PostgresActivator implements Closeable {
 
   private async listenForWork(): Promise<void> {
     let backoff = 100;
+    /** A connection was made before this one: its notifications may have been missed since. */
+    let deafened = false;
     const connect = async (): Promise<void> => {
       try {
         const client = await this.connect(`asyncproc activator ${this.options.workerId}`);
@@ -714,7 +716,7 @@ export class PostgresActivator implements Closeable {
           // this process's own wake: its activators were woken (wake()) when it was queued
           if (msg.channel === 'asyncproc_wake' && this.options.notifier.sentBy(msg.processId)) return;
           if (msg.channel === 'asyncproc_queues') {
-            this.housekeeping = this.housekeeping.then(() => this.refreshQueues().catch((err) => this.options.onError?.(toError(err))));
+            this.refreshQueuesSoon();
             return;
           }
           this.queues.get(msg.payload ?? '')?.doorbell.ring();
@@ -728,8 +730,11 @@ export class PostgresActivator implements Closeable {
         await client.query('listen asyncproc_wake; listen asyncproc_queues');
         this.waker = client;
         backoff = 100;
-        // anything enqueued while we were deaf is found now
+        // anything enqueued while we were deaf is found now, and a change of a queue's settings
+        // made meanwhile (its concurrency, a pause or a resume) is read again
         for (const queue of this.queues.values()) queue.doorbell.ring(true);
+        if (deafened) this.refreshQueuesSoon();
+        deafened = true;
       } catch (error) {
         this.options.onError?.(toError(error));
         backoff = Math.min(backoff * 2, 5000);
@@ -739,18 +744,29 @@ export class PostgresActivator implements Closeable {
     await connect();
   }
 
+  /** refreshQueues after the housekeeping under way. */
+  private refreshQueuesSoon(): void {
+    this.housekeeping = this.housekeeping.then(() => this.refreshQueues().catch((err) => this.options.onError?.(toError(err))));
+  }
+
+  /**
+   * The queues' settings, read again. A paused queue has no slots here: its loops end after their
+   * call and give their connections back (take_ready, not this, is what keeps its calls from
+   * starting in every process).
+   */
   private async refreshQueues(): Promise<void> {
-    const { rows } = await this.pool.query<{ name: string; concurrency: number; group_size: number; group_ms: number }>(
-      'select name, concurrency, group_size, group_ms from asyncproc.queues order by name',
+    const { rows } = await this.pool.query<{ name: string; concurrency: number; group_size: number; group_ms: number; paused: boolean }>(
+      'select name, concurrency, group_size, group_ms, paused from asyncproc.queues order by name',
     );
     for (const row of rows) {
       if (this.options.queues && !this.options.queues.includes(row.name)) continue;
       const grouping = { size: row.group_size, maxMs: row.group_ms };
+      const slots = row.paused ? 0 : row.concurrency;
       const existing = this.queues.get(row.name);
-      if (!existing) this.queues.set(row.name, new QueueWorkers(row.name, row.concurrency, grouping, this));
+      if (!existing) this.queues.set(row.name, new QueueWorkers(row.name, slots, grouping, this));
       else {
         existing.grouping = grouping;
-        if (existing.concurrency !== row.concurrency) existing.resize(row.concurrency);
+        if (existing.concurrency !== slots) existing.resize(slots);
       }
     }
   }

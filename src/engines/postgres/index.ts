@@ -31,7 +31,7 @@ import { Notifier } from './notifier.js';
 import { installDemo, migrate, schemaVersion } from './migrator.js';
 import { listProcedures, registerProcedure, unregisterProcedure } from './procedures.js';
 import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
-import { configureQueue, listQueues, listRunning } from './queues.js';
+import { configureQueue, listQueues, listRunning, pauseQueue } from './queues.js';
 import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
 import { purgeFinished } from './purge.js';
@@ -239,6 +239,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   configureQueue(name: string, concurrency: number, groupCommits?: Partial<GroupCommits>) {
     return configureQueue(this.pool, name, concurrency, groupCommits);
+  }
+
+  pauseQueue(name: string, paused: boolean) {
+    return pauseQueue(this.pool, name, paused);
   }
   cancelExecution(token: string) {
     return cancelExecution(this.pool, token);

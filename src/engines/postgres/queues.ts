@@ -9,6 +9,7 @@ interface QueueRow {
   concurrency: number;
   group_size: number;
   group_ms: number;
+  paused: boolean;
   waiting: string;
   pending: string;
   running: string;
@@ -28,7 +29,7 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
          from asyncproc.executions e
         where e.finished_at > clock_timestamp() - $1 * interval '1 second' and ($2::text is null or e.queue = $2)
         group by e.queue)
-     select q.name, q.concurrency, q.group_size, q.group_ms,
+     select q.name, q.concurrency, q.group_size, q.group_ms, q.paused,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'WAITING') as waiting,
             (select count(*) from asyncproc.ready r where r.queue = q.name) as pending,
             (select count(*) from asyncproc.executions e where e.queue = q.name and e.status = 'RUNNING') as running,
@@ -41,6 +42,7 @@ export async function listQueues(pool: pg.Pool, recentSeconds = DEFAULT_RECENT_S
   return rows.map((r) => ({
     name: r.name,
     concurrency: r.concurrency,
+    paused: r.paused,
     groupCommits: { size: r.group_size, maxMs: r.group_ms },
     waiting: Number(r.waiting),
     pending: Number(r.pending),
@@ -64,6 +66,13 @@ export async function configureQueue(pool: pg.Pool, name: string, concurrency: n
     }
     throw error;
   }
+  return (await listQueues(pool, DEFAULT_RECENT_SECONDS, name))[0];
+}
+
+/** Pause or resume a queue (asyncproc.pause_queue); NOT_FOUND when there is none of that name. */
+export async function pauseQueue(pool: pg.Pool, name: string, paused: boolean): Promise<QueueInfo> {
+  const { rows } = await pool.query<{ found: boolean }>('select (asyncproc.pause_queue($1, $2)).name is not null as found', [name, paused]);
+  if (!rows[0].found) throw new EngineError('NOT_FOUND', `no queue named ${JSON.stringify(name)}`);
   return (await listQueues(pool, DEFAULT_RECENT_SECONDS, name))[0];
 }
 
