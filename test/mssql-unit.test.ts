@@ -1219,7 +1219,7 @@ describe('mssql: monitoring', () => {
       3600,
     );
     assert.deepEqual(info, {
-      name: 'default', concurrency: 10, groupCommits: { size: 1, maxMs: 50 }, waiting: 1, pending: 2, running: 3,
+      name: 'default', concurrency: 10, paused: false, groupCommits: { size: 1, maxMs: 50 }, waiting: 1, pending: 2, running: 3,
       recent: { succeeded: 4, failed: 5, cancelled: 6 }, recentSeconds: 3600,
     });
   });
