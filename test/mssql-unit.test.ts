@@ -1118,6 +1118,8 @@ describe('mssql: batches (TypeScript)', () => {
     assert.throws(() => checkBatch([[call('a')], []]), badInput(/stage 2/));
     assert.throws(() => checkBatch([[call('a')]], { onFailure: 'STOP' as never }), badInput(/CANCEL or CONTINUE/));
     assert.throws(() => checkBatch([[call('a')]], { submittedBy: 'x'.repeat(257) }), badInput(/submittedBy/));
+    // a batch's idempotency key is PostgreSQL's only: refused before a transaction is opened
+    assert.throws(() => checkBatch([[call('a')]], { idempotencyKey: 'nightly-1' }), (e: EngineError) => e.code === 'NOT_SUPPORTED');
     assert.deepEqual(checkBatch([[call('a')]]), { onFailure: 'CANCEL', submittedBy: null });
     assert.deepEqual(checkBatch([[call('a')]], { onFailure: 'CONTINUE', submittedBy: 'me' }), { onFailure: 'CONTINUE', submittedBy: 'me' });
     // the transaction is never asked for anything

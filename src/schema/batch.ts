@@ -93,6 +93,11 @@ const SubmitBatchInput = builder.inputType('SubmitBatchInput', {
       description: 'Stage 1 first. The calls of a stage may run in parallel.',
     }),
     onFailure: t.field({ type: BatchFailurePolicyEnum, required: false, defaultValue: 'CANCEL' }),
+    idempotencyKey: t.string({
+      required: false,
+      description:
+        "Your key for this batch (1–128 characters), to send it again safely when you cannot tell whether it was submitted: the same key with the same batch returns the batch the first one made, and submits nothing; with another batch it is refused (IDEMPOTENCY_KEY_REUSED); while a request with it is still under way, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly). Per caller, apart from single calls' keys; held as long as the batch is kept. PostgreSQL only (NOT_SUPPORTED on SQL Server).",
+    }),
   }),
 });
 
@@ -126,7 +131,11 @@ builder.mutationFields((t) => ({
       guard(async () => {
         checkCallCount(input.stages.reduce((n, stage) => n + stage.length, 0), context);
         const stages = input.stages.map((stage) => stage.map((call) => toCall(call, context)));
-        const batch = await context.engine.submitBatch(stages, { onFailure: input.onFailure ?? 'CANCEL', submittedBy: context.principal.subject });
+        const batch = await context.engine.submitBatch(stages, {
+          onFailure: input.onFailure ?? 'CANCEL',
+          submittedBy: context.principal.subject,
+          idempotencyKey: input.idempotencyKey ?? null,
+        });
         context.logger.info({ batchId: batch.id, stages: batch.stageCount, by: context.principal.subject }, 'batch submitted');
         // each member's own line (its token), read after the answer rather than before it
         if (context.logger.isLevelEnabled('info')) {

@@ -21,7 +21,7 @@ export const InvokeInput = builder.inputType('InvokeInput', {
     idempotencyKey: t.string({
       required: false,
       description:
-        "Your key for this call (1–128 characters), to send it again safely when you cannot tell whether it was submitted (a timeout, a 503, a lost connection): the same key with the same call returns the execution the first one made, and submits nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED); while a request with it is still under way, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly). Keys are per caller, and held as long as the execution's history is kept. Not taken in a batch's calls.",
+        "Your key for this call (1–128 characters), to send it again safely when you cannot tell whether it was submitted (a timeout, a 503, a lost connection): the same key with the same call returns the execution the first one made, and submits nothing; with another call it is refused (IDEMPOTENCY_KEY_REUSED); while a request with it is still under way, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly). Keys are per caller, and held as long as the execution's history is kept. Not taken in a batch's calls: the batch takes one (SubmitBatchInput.idempotencyKey).",
     }),
   }),
 });

@@ -37,16 +37,9 @@ declare
 begin
   arguments := coalesce(arguments, '{}');
   if idempotency_key is not null then
-    -- as the service checks it (engine.ts checkIdempotencyKey): 128 UTF-16 code units at most (a
-    -- character past U+FFFF is two, as SQL Server's nvarchar(128) counts), no control character,
-    -- no white space at either end
-    if length(idempotency_key) + length(regexp_replace(idempotency_key, '[^\U00010000-\U0010FFFF]', '', 'g')) not between 1 and 128
-       or idempotency_key ~ '[[:cntrl:]]|^\s|\s$' then
-      raise exception 'an idempotency key is 1 to 128 characters, none of them a control character, and no white space at either end'
-        using errcode = 'AP004';
-    end if;
+    perform asyncproc.check_idempotency_key(idempotency_key);
     if in_batch is not null then
-      raise exception 'a call of a batch takes no idempotency key' using errcode = 'AP004';
+      raise exception 'a call of a batch takes no idempotency key (the batch takes one)' using errcode = 'AP004';
     end if;
     -- the call as it was asked for, before any default or resolution is applied (run_at as an
     -- epoch: its text would follow the session's TimeZone)

@@ -42,6 +42,9 @@ export function checkBatch(stages: readonly (readonly InvokeCall[])[], options: 
     }
   });
   refuseKeysInBatch(stages);
+  if (options.idempotencyKey != null) {
+    throw new EngineError('NOT_SUPPORTED', "a batch's idempotency key is not supported on SQL Server yet: its calls may each take one, sent with invokeMany");
+  }
   const onFailure = options.onFailure ?? 'CANCEL';
   if (!POLICIES.includes(onFailure)) throw new EngineError('BAD_USER_INPUT', `onFailure must be CANCEL or CONTINUE, not ${String(onFailure)}`);
   const submittedBy = options.submittedBy ?? null;

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { EngineError, isUuid, refuseKeysInBatch, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, isUuid, refuseKeysInBatch, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
 import { mapDatabaseError } from './errors.js';
 import { callsAsJson, checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
@@ -21,10 +21,12 @@ export async function submitBatch(
   options: SubmitBatchOptions = {},
 ): Promise<Execution[]> {
   checkStages(stages);
+  checkIdempotencyKey(options.idempotencyKey);
   try {
+    // key_wait false: a key another transaction holds is refused at once (AP013), as for a single call
     const { rows } = await pool.query<ExecutionRow>(
-      `select ${EXECUTION_COLUMNS} from asyncproc.submit_batch($1::jsonb, $2, $3, true) e`,
-      [JSON.stringify(stages.map(callsAsJson)), options.onFailure ?? 'CANCEL', options.submittedBy ?? null],
+      `select ${EXECUTION_COLUMNS} from asyncproc.submit_batch($1::jsonb, $2, $3, true, $4, false) e`,
+      [JSON.stringify(stages.map(callsAsJson)), options.onFailure ?? 'CANCEL', options.submittedBy ?? null, options.idempotencyKey ?? null],
     );
     return rows.map(toExecution);
   } catch (error) {
