@@ -183,7 +183,7 @@ export interface SubmitBatchOptions {
    * call: the same batch sent again with it gets the batch the first one made, and nothing is
    * submitted; another batch with it is refused (IDEMPOTENCY_KEY_REUSED); one a transaction that
    * has not ended holds is refused at once (IDEMPOTENCY_KEY_IN_USE). Apart from single calls' keys.
-   * Held as long as the batch is. PostgreSQL only for now (NOT_SUPPORTED on SQL Server).
+   * Held as long as the batch is.
    */
   idempotencyKey?: string | null;
 }

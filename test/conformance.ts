@@ -1476,6 +1476,69 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
           assert.equal(await engine.getExecution(firstToken).then((e) => e?.token ?? null), outcome === 'commit' ? firstToken : null);
         }
       });
+
+      const stages = (tag: string): InvokeCall[][] => [
+        [
+          { procedure: 'demo.record', arguments: { tag: `${tag}-a` } },
+          { procedure: 'demo.record', arguments: { tag: `${tag}-b` } },
+        ],
+        [{ procedure: 'demo.record', arguments: { tag: `${tag}-c` } }],
+      ];
+
+      it("a batch's key: the same batch gets the first batch and writes nothing; another batch is refused naming it; keys are the caller's own, apart from single calls'", async () => {
+        const key = unique('nightly');
+        const tag = unique('bk');
+        const first = await engine.submitBatch(stages(tag), { submittedBy: 'alice', idempotencyKey: key });
+        const before = await engine.countExecutions({});
+        const again = await engine.submitBatch(stages(tag), { submittedBy: 'alice', idempotencyKey: key });
+        assert.equal(again.id, first.id);
+        assert.equal(await engine.countExecutions({}), before, 'a replay writes nothing');
+        for (const [other, onFailure] of [
+          [stages(`${tag}-other`), 'CANCEL'],
+          [stages(tag), 'CONTINUE'],
+          [[stages(tag)[1], stages(tag)[0]], 'CANCEL'],
+        ] as const) {
+          await assert.rejects(engine.submitBatch(other, { submittedBy: 'alice', onFailure, idempotencyKey: key }), (error: unknown) => {
+            assert.ok(isCode('IDEMPOTENCY_KEY_REUSED')(error), String(error));
+            assert.match((error as Error).message, new RegExp(first.id));
+            return true;
+          });
+        }
+        assert.equal(await engine.countExecutions({}), before, 'a refused batch writes nothing');
+        const bobs = await engine.submitBatch(stages(tag), { submittedBy: 'bob', idempotencyKey: key });
+        assert.notEqual(bobs.id, first.id, "another caller's key is another key");
+        const [single] = await submit([call(key, 'alice')]);
+        assert.ok(single.token, "a single call's same key is another key");
+        await batchEnded(first.id);
+        assert.equal((await engine.submitBatch(stages(tag), { submittedBy: 'alice', idempotencyKey: key })).id, first.id, 'replayed after it ended');
+        assert.deepEqual(
+          (await engine.getBatchExecutions(first.id)).map((e) => [e.stage, e.status]),
+          [[1, 'SUCCEEDED'], [1, 'SUCCEEDED'], [2, 'SUCCEEDED']],
+        );
+        await assert.rejects(engine.submitBatch(stages(tag), { submittedBy: 'alice', idempotencyKey: 'trailing ' }), isCode('BAD_USER_INPUT'));
+      });
+
+      it("a batch's key sent by 10 requests at once makes one batch: each gets it, some after IDEMPOTENCY_KEY_IN_USE, none waits for another", async () => {
+        const key = unique('race');
+        const tag = unique('br');
+        const ids = await Promise.all(
+          Array.from({ length: 10 }, async () => {
+            for (;;) {
+              try {
+                return (await engine.submitBatch(stages(tag), { submittedBy: 'svc', idempotencyKey: key })).id;
+              } catch (error) {
+                if (!isCode('IDEMPOTENCY_KEY_IN_USE')(error)) throw error;
+                assert.equal(engine.isTransient(error), true);
+                await new Promise((resolve) => setTimeout(resolve, 5));
+              }
+            }
+          }),
+        );
+        assert.equal(new Set(ids).size, 1, ids.join(' '));
+        const ended = await batchEnded(ids[0]);
+        assert.equal(ended.status, 'SUCCEEDED');
+        assert.equal((await engine.getBatchExecutions(ids[0])).length, 3, 'one batch of three calls');
+      });
     });
   });
 }

@@ -308,7 +308,7 @@ describe("a batch's idempotency key (SubmitBatchInput.idempotencyKey, 0020_batch
     ]) {
       const refused = await submitBatch(two, alice, input);
       assert.equal(refused.code, 'IDEMPOTENCY_KEY_REUSED', JSON.stringify(refused.body));
-      assert.match(refused.body.errors[0].message, new RegExp(first.id!));
+      assert.match(refused.body.errors?.[0]?.message, new RegExp(first.id!));
     }
     assert.equal(await executions(), count);
     assert.equal(await batches(), made);

@@ -45,6 +45,7 @@ const LANDED: Record<string, string> = {
   'mssql/0017_idempotency_keys.sql': '1bec56554936ceb12a040b162a311f5b5aacd176c00e62aaf9a624a895055dc5',
   'postgres/0019_queue_pause.sql': '171bd775730f4afb2c8db07b872d40048a23d9212c0e3393574ccd6ddb05c67f',
   'postgres/0020_batch_idempotency_keys.sql': 'c444ed476d735d7c551ed97f44c53cac90edfd92246873a79d3915acc6b90229',
+  'mssql/0018_batch_idempotency_keys.sql': '35c6ab9a10914fb4a0f4e9dbf7697a6f48bbf127198b37a021dd103f92703508',
 };
 
 /**
@@ -54,7 +55,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
-  'mssql/procedures': { revision: 6, sha256: 'a756b988aab478f9f2e29eda431687fdbdc3cf0a06f8bfd31bc95161e7405322' },
+  'mssql/procedures': { revision: 7, sha256: '38c925c17ffd4cd195369b3e425f50c7e10329e8f78357e9d1010af28378fa1f' },
 };
 
 describe('routines revision', () => {

@@ -326,9 +326,33 @@ describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conform
     const results = invoke.indexOf('INSERT asyncexec.AsyncExecResults');
     const key = invoke.indexOf('INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)');
     assert.ok(results > 0 && key > results && key < invoke.indexOf('BEGIN CATCH', key), 'the key is written after the call, in the same TRY');
-    // a parameter one longer than a key: a longer value is cut to 129 and refused, never cut to a valid key
+    // a parameter one longer than a key, passed on to one as long: a longer value is cut to 129 and
+    // refused, never cut to a valid key on the way
     assert.match(invoke, /@idempotencyKey nvarchar\(129\) = NULL/);
-    assert.match(invoke, /IF DATALENGTH\(@idempotencyKey\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@idempotencyKey\) <> DATALENGTH\(RTRIM\(@idempotencyKey\)\)\s+OR LEFT\(@idempotencyKey, 1\) = ' +'/);
+    const replay = codeOnly(await procedure('usp_AsyncExecReplay'));
+    assert.match(replay, /@key\s+nvarchar\(129\),/);
+    assert.match(replay, /IF @key IS NULL OR DATALENGTH\(@key\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@key\) <> DATALENGTH\(RTRIM\(@key\)\)\s+OR LEFT\(@key, 1\) = ' +'\s+BEGIN[\s\S]*?THROW 50005, @message, 1;/);
+    assert.ok(replay.indexOf('THROW 50005') < replay.indexOf('sp_getapplock'), 'the rules before anything else');
+  });
+
+  it("a batch's key (0018): checked and read under its lock inside the caller's transaction, apart from calls' keys; a replay writes nothing", async () => {
+    const create = codeOnly(await procedure('usp_AsyncExecBatchCreate'));
+    assert.match(create, /@idempotencyKey nvarchar\(129\) = NULL,\s+@requestDigest\s+varbinary\(32\) = NULL,\s+@replayed\s+bit = NULL OUTPUT/);
+    const transaction = create.indexOf('IF @@TRANCOUNT = 0');
+    const replay = create.indexOf('EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @requestDigest, @lock = 1, @batch = 1, @batchId = @madeBatch OUTPUT;');
+    const batch = create.indexOf('INSERT asyncexec.AsyncExecBatches');
+    const key = create.indexOf('INSERT asyncexec.AsyncExecBatchIdempotencyKeys (scope, idempotency_key, batch_id, request_digest)');
+    assert.ok(transaction > 0 && replay > transaction && batch > replay && key > batch, 'a transaction, then the key under its lock, then the batch and its key');
+    assert.match(create.slice(replay, batch), /IF @madeBatch IS NOT NULL\s+BEGIN\s+SELECT @batchId = @madeBatch, @replayed = 1;\s+RETURN;\s+END;/);
+    assert.match(create, /IF @requestDigest IS NULL OR DATALENGTH\(@requestDigest\) <> 32\s+BEGIN[\s\S]*?THROW 50005/);
+    const replayProc = codeOnly(await procedure('usp_AsyncExecReplay'));
+    assert.match(replayProc, /IF @batch = 1\s+SELECT @batchId = k\.batch_id, @madeDigest = k\.request_digest\s+FROM asyncexec\.AsyncExecBatchIdempotencyKeys AS k\s+WHERE k\.scope = @scope AND k\.idempotency_key = @key;/);
+    // a batch's key never names a call's lock: its hashed text begins with a letter, a call's with its scope's length
+    assert.match(withoutComments(await procedure('usp_AsyncExecReplay')), /CONCAT\(CASE WHEN @batch = 1 THEN N'b' END, LEN\(@scope\), N':', RTRIM\(@scope\), NCHAR\(1\), @key\)/);
+    const table = codeOnly(await file('0018_batch_idempotency_keys.sql'));
+    assert.match(table, /scope\s+nvarchar\(256\)\s+COLLATE Latin1_General_100_BIN2 NOT NULL/);
+    assert.match(table, /idempotency_key\s+nvarchar\(128\)\s+COLLATE Latin1_General_100_BIN2 NOT NULL/);
+    assert.match(table, /REFERENCES asyncexec\.AsyncExecBatches \(id\) ON DELETE CASCADE/);
   });
 
   it('keeps keys in a table of their own, compared under a binary collation, purged with their call', async () => {

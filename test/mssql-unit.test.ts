@@ -9,13 +9,13 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { describe, it } from 'node:test';
 import sql from 'mssql';
-import { EngineError, type Batch, type BatchStatus, type Execution, type ExecutionStatus } from '../src/engine.js';
+import { EngineError, type Batch, type BatchStatus, type Execution, type ExecutionStatus, type InvokeCall } from '../src/engine.js';
 import { splitBatches } from '../src/engines/mssql/batches.js';
 import { runCancel, type CancelRequestStatus, type CancelSteps } from '../src/engines/mssql/cancel.js';
 import { cancelBatch, runCancelBatch, type CancelBatchOutcome, type CancelBatchSteps } from '../src/engines/mssql/cancelBatch.js';
 import { mapDatabaseError } from '../src/engines/mssql/errors.js';
 import { enqueue } from '../src/engines/mssql/invoke.js';
-import { checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
+import { batchDigest, checkBatch, submitBatch, toBatch, type BatchRow } from '../src/engines/mssql/executionBatches.js';
 import { countExecutions, listExecutions, listRunning, readChanges, toExecution, type ExecutionRow } from '../src/engines/mssql/executions.js';
 import { canonicalExecutionId, getHistory, toAttempt, type AttemptRow } from '../src/engines/mssql/history.js';
 import { changedProcedures, MSSQL_SQL_DIR, readProcedureFiles, type ProcedureFile } from '../src/engines/mssql/migrator.js';
@@ -1118,10 +1118,20 @@ describe('mssql: batches (TypeScript)', () => {
     assert.throws(() => checkBatch([[call('a')], []]), badInput(/stage 2/));
     assert.throws(() => checkBatch([[call('a')]], { onFailure: 'STOP' as never }), badInput(/CANCEL or CONTINUE/));
     assert.throws(() => checkBatch([[call('a')]], { submittedBy: 'x'.repeat(257) }), badInput(/submittedBy/));
-    // a batch's idempotency key is PostgreSQL's only: refused before a transaction is opened
-    assert.throws(() => checkBatch([[call('a')]], { idempotencyKey: 'nightly-1' }), (e: EngineError) => e.code === 'NOT_SUPPORTED');
-    assert.deepEqual(checkBatch([[call('a')]]), { onFailure: 'CANCEL', submittedBy: null });
-    assert.deepEqual(checkBatch([[call('a')]], { onFailure: 'CONTINUE', submittedBy: 'me' }), { onFailure: 'CONTINUE', submittedBy: 'me' });
+    assert.throws(() => checkBatch([[call('a')]], { idempotencyKey: ' nightly' }), badInput(/white space/));
+    assert.deepEqual(checkBatch([[call('a')]]), { onFailure: 'CANCEL', submittedBy: null, idempotencyKey: null });
+    assert.deepEqual(checkBatch([[call('a')]], { onFailure: 'CONTINUE', submittedBy: 'me', idempotencyKey: 'nightly-1' }), {
+      onFailure: 'CONTINUE',
+      submittedBy: 'me',
+      idempotencyKey: 'nightly-1',
+    });
+    // the digest a batch's key is compared by: the calls in order and the policy, not the caller
+    const digest = (stages: InvokeCall[][], onFailure: 'CANCEL' | 'CONTINUE' = 'CANCEL') => batchDigest(stages, onFailure).toString('hex');
+    assert.equal(digest([[call('a')], [call('b')]]), digest([[call('a')], [{ ...call('b'), submittedBy: 'someone' }]]));
+    assert.equal(batchDigest([[call('a')]], 'CANCEL').length, 32);
+    for (const other of [digest([[call('b')], [call('a')]]), digest([[call('a'), call('b')]]), digest([[call('a')], [call('b')]], 'CONTINUE'), digest([[call('a')], [{ ...call('b'), maxAttempts: 2 }]])]) {
+      assert.notEqual(other, digest([[call('a')], [call('b')]]));
+    }
     // the transaction is never asked for anything
     const tx = new Proxy({}, { get: () => assert.fail('no request expected') }) as unknown as sql.Transaction;
     await assert.rejects(submitBatch(tx, [[]]), badInput(/stage 1/));

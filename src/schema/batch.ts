@@ -96,7 +96,7 @@ const SubmitBatchInput = builder.inputType('SubmitBatchInput', {
     idempotencyKey: t.string({
       required: false,
       description:
-        "Your key for this batch (1–128 characters), to send it again safely when you cannot tell whether it was submitted: the same key with the same batch returns the batch the first one made, and submits nothing; with another batch it is refused (IDEMPOTENCY_KEY_REUSED); while a request with it is still under way, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly). Per caller, apart from single calls' keys; held as long as the batch is kept. PostgreSQL only (NOT_SUPPORTED on SQL Server).",
+        "Your key for this batch (1–128 characters), to send it again safely when you cannot tell whether it was submitted: the same key with the same batch returns the batch the first one made, and submits nothing; with another batch it is refused (IDEMPOTENCY_KEY_REUSED); while a request with it is still under way, refused at once (IDEMPOTENCY_KEY_IN_USE: send it again shortly). Per caller, apart from single calls' keys; held as long as the batch is kept.",
     }),
   }),
 });

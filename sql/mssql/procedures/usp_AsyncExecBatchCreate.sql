@@ -3,19 +3,30 @@
 -- caller commits. A later stage left without calls is skipped when the stage before it
 -- ends; but stage 1 must have calls: a batch whose first stage has none is settled only
 -- when a call of it ends, so it stays RUNNING, its later calls held, until one is added.
--- Errors: 50005 bad stage count or failure policy, or no open transaction.
+-- With @idempotencyKey (0018_batch_idempotency_keys.sql), a key this caller sent before with the
+-- same batch (@requestDigest, the caller's SHA-256 of what the batch asks for: its calls in order
+-- and its failure policy) returns that batch in @batchId with @replayed = 1, and writes nothing:
+-- the caller then invokes none of its calls. The same key with another digest is refused (50016);
+-- one that another transaction holds, at once (50017).
+-- Errors: 50005 bad stage count or failure policy, no open transaction, a malformed key, or a key
+-- without a digest; 50016, 50017 as above.
 -- EXECUTE AS OWNER, as usp_AsyncExecInvoke: callers need only EXECUTE on the two procedures.
 CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecBatchCreate
     @stageCount  int,
     @onFailure   varchar(8) = 'CANCEL',
     @submittedBy nvarchar(256) = NULL,
-    @batchId     uniqueidentifier = NULL OUTPUT
+    @batchId     uniqueidentifier = NULL OUTPUT,
+    -- 1 to 128 characters; declared one longer, as usp_AsyncExecInvoke's: a longer value passed is
+    -- cut to the parameter's length without an error, and a key cut to 128 would be another key
+    @idempotencyKey nvarchar(129) = NULL,
+    @requestDigest  varbinary(32) = NULL,
+    @replayed       bit = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
     SET NOCOUNT ON;
-    DECLARE @message nvarchar(2048);
-    SET @batchId = NULL;
+    DECLARE @message nvarchar(2048), @scope nvarchar(256) = COALESCE(@submittedBy, N''), @madeBatch uniqueidentifier;
+    SELECT @batchId = NULL, @replayed = 0;
     -- Stored as the service reads it: T-SQL compares case-insensitively (usual collations) and
     -- ignores trailing blanks, so 'cancel' or 'CANCEL ' would pass the checks below as they are.
     SET @onFailure = UPPER(RTRIM(COALESCE(@onFailure, 'CANCEL')));
@@ -40,7 +51,29 @@ BEGIN
         THROW 50005, @message, 1;
     END;
 
+    IF @idempotencyKey IS NOT NULL
+    BEGIN
+        IF @requestDigest IS NULL OR DATALENGTH(@requestDigest) <> 32
+        BEGIN
+            SET @message = N'a batch''s idempotency key needs @requestDigest: the SHA-256 (32 bytes) of what the batch asks for';
+            SET @message = REPLACE(@message, N'%', N'%%');
+            THROW 50005, @message, 1;
+        END;
+        -- the key checked (50005), and read under its application lock, held to the end of the
+        -- caller's transaction (open: checked above), so that no other transaction is inserting the
+        -- key meanwhile; 50017 at once when another holds it, 50016 when it was sent with another batch
+        EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @requestDigest, @lock = 1, @batch = 1, @batchId = @madeBatch OUTPUT;
+        IF @madeBatch IS NOT NULL
+        BEGIN
+            SELECT @batchId = @madeBatch, @replayed = 1;
+            RETURN;
+        END;
+    END;
+
     SET @batchId = NEWID();
     INSERT asyncexec.AsyncExecBatches (id, on_failure, stage_count, submitted_by, submitted_login)
     VALUES (@batchId, @onFailure, @stageCount, @submittedBy, ORIGINAL_LOGIN());
+    IF @idempotencyKey IS NOT NULL
+        INSERT asyncexec.AsyncExecBatchIdempotencyKeys (scope, idempotency_key, batch_id, request_digest)
+        VALUES (@scope, @idempotencyKey, @batchId, @requestDigest);
 END;

@@ -51,17 +51,6 @@ BEGIN
     DECLARE @scope nvarchar(256) = COALESCE(@submittedBy, N''), @digest varbinary(32), @madeId bigint, @madeToken uniqueidentifier;
     IF @idempotencyKey IS NOT NULL
     BEGIN
-        -- DATALENGTH, not LEN: LEN ignores trailing blanks. A trailing blank is refused because =
-        -- ignores it, whatever the collation ("= (String comparison or assignment)"): "k " would be
-        -- the key "k".
-        -- A leading blank is refused as the service refuses it (engine.ts checkIdempotencyKey).
-        IF DATALENGTH(@idempotencyKey) NOT BETWEEN 2 AND 256 OR DATALENGTH(@idempotencyKey) <> DATALENGTH(RTRIM(@idempotencyKey))
-           OR LEFT(@idempotencyKey, 1) = N' '
-        BEGIN
-            SET @message = N'an idempotency key is 1 to 128 characters, and does not begin or end with a blank';
-            SET @message = REPLACE(@message, N'%', N'%%');
-            THROW 50005, @message, 1;
-        END;
         IF @batchId IS NOT NULL
         BEGIN
             SET @message = N'a call of a batch takes no idempotency key';

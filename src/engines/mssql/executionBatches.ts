@@ -8,9 +8,11 @@
  * stages. Release happens in the database, in the transaction that ends a stage's last
  * member (usp_AsyncExecBatchSettle): nothing here waits for a stage.
  */
+import { createHash } from 'node:crypto';
 import sql from 'mssql';
 import {
   BATCH_STATUSES,
+  checkIdempotencyKey,
   EngineError,
   refuseKeysInBatch,
   type Batch,
@@ -31,6 +33,7 @@ const POLICIES: readonly BatchFailurePolicy[] = ['CANCEL', 'CONTINUE'];
 export interface CheckedBatch {
   onFailure: BatchFailurePolicy;
   submittedBy: string | null;
+  idempotencyKey: string | null;
 }
 
 /** Refuse what cannot be a batch before anything is written: no stages, an empty stage, a bad policy. */
@@ -42,14 +45,22 @@ export function checkBatch(stages: readonly (readonly InvokeCall[])[], options: 
     }
   });
   refuseKeysInBatch(stages);
-  if (options.idempotencyKey != null) {
-    throw new EngineError('NOT_SUPPORTED', "a batch's idempotency key is not supported on SQL Server yet: its calls may each take one, sent with invokeMany");
-  }
+  checkIdempotencyKey(options.idempotencyKey);
   const onFailure = options.onFailure ?? 'CANCEL';
   if (!POLICIES.includes(onFailure)) throw new EngineError('BAD_USER_INPUT', `onFailure must be CANCEL or CONTINUE, not ${String(onFailure)}`);
   const submittedBy = options.submittedBy ?? null;
   if (submittedBy !== null && submittedBy.length > 256) throw new EngineError('BAD_USER_INPUT', 'submittedBy is at most 256 characters');
-  return { onFailure, submittedBy };
+  return { onFailure, submittedBy, idempotencyKey: options.idempotencyKey ?? null };
+}
+
+/**
+ * What a batch asks for, as usp_AsyncExecBatchCreate's @requestDigest: SHA-256 of its calls in
+ * order (each as a single call's key compares it: procedure, arguments as sent, queue, runAt,
+ * maxAttempts) and its failure policy. The same batch sent again gives the same digest.
+ */
+export function batchDigest(stages: readonly (readonly InvokeCall[])[], onFailure: BatchFailurePolicy): Buffer {
+  const calls = stages.map((stage) => stage.map((c) => [c.procedure, c.arguments ?? {}, c.queue ?? null, c.runAt?.getTime() ?? null, c.maxAttempts ?? null]));
+  return createHash('sha256').update(JSON.stringify([calls, onFailure])).digest();
 }
 
 /**
@@ -61,7 +72,7 @@ export async function submitBatch(
   stages: readonly (readonly InvokeCall[])[],
   options: SubmitBatchOptions = {},
 ): Promise<string> {
-  const { onFailure, submittedBy } = checkBatch(stages, options);
+  const { onFailure, submittedBy, idempotencyKey } = checkBatch(stages, options);
   let batchId: string;
   try {
     const result = await new sql.Request(tx)
@@ -69,8 +80,13 @@ export async function submitBatch(
       .input('onFailure', sql.VarChar(8), onFailure)
       .input('submittedBy', sql.NVarChar(256), submittedBy)
       .output('batchId', sql.UniqueIdentifier)
+      .input('idempotencyKey', sql.NVarChar(129), idempotencyKey)
+      .input('requestDigest', sql.VarBinary(32), idempotencyKey === null ? null : batchDigest(stages, onFailure))
+      .output('replayed', sql.Bit)
       .execute('asyncexec.usp_AsyncExecBatchCreate');
     batchId = String(result.output.batchId).toLowerCase();
+    // the key's batch, made by an earlier request: nothing more is submitted
+    if (result.output.replayed) return batchId;
   } catch (error) {
     throw mapDatabaseError(error);
   }
