@@ -546,6 +546,14 @@ export function checkIdempotencyKey(key: unknown): void {
   }
 }
 
+/**
+ * A batch a key replayed, gone before it was read back: retention purged it meanwhile, which also
+ * freed the key. Transient: sent again, the batch is made anew.
+ */
+export function purgedWhileReplayed(key: string | null | undefined): EngineError {
+  return new EngineError('IDEMPOTENCY_KEY_IN_USE', `the batch idempotency key "${key}" made was being purged as it was replayed: send the batch again`);
+}
+
 /** BAD_USER_INPUT if a call of the batch carries an idempotency key: a batch's calls take none. */
 export function refuseKeysInBatch(stages: readonly (readonly InvokeCall[])[]): void {
   if (stages.some((calls) => Array.isArray(calls) && calls.some((call) => call?.idempotencyKey != null))) {

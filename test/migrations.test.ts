@@ -55,7 +55,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
-  'mssql/procedures': { revision: 7, sha256: '38c925c17ffd4cd195369b3e425f50c7e10329e8f78357e9d1010af28378fa1f' },
+  'mssql/procedures': { revision: 7, sha256: 'c66a6e45104b44d0758a770c5ea334b41f843fda4f2be0de35320170f89113ec' },
 };
 
 describe('routines revision', () => {

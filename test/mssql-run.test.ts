@@ -331,19 +331,25 @@ describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conform
     assert.match(invoke, /@idempotencyKey nvarchar\(129\) = NULL/);
     const replay = codeOnly(await procedure('usp_AsyncExecReplay'));
     assert.match(replay, /@key\s+nvarchar\(129\),/);
-    assert.match(replay, /IF @key IS NULL OR DATALENGTH\(@key\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@key\) <> DATALENGTH\(RTRIM\(@key\)\)\s+OR LEFT\(@key, 1\) = ' +'\s+BEGIN[\s\S]*?THROW 50005, @message, 1;/);
+    assert.match(replay, /IF @key IS NULL OR DATALENGTH\(@key\) NOT BETWEEN 2 AND 256 OR DATALENGTH\(@key\) <> DATALENGTH\(RTRIM\(@key\)\)\s+OR UNICODE\(@key\) = 32\s+BEGIN[\s\S]*?THROW 50005, @message, 1;/);
     assert.ok(replay.indexOf('THROW 50005') < replay.indexOf('sp_getapplock'), 'the rules before anything else');
   });
 
   it("a batch's key (0018): checked and read under its lock inside the caller's transaction, apart from calls' keys; a replay writes nothing", async () => {
     const create = codeOnly(await procedure('usp_AsyncExecBatchCreate'));
-    assert.match(create, /@idempotencyKey nvarchar\(129\) = NULL,\s+@requestDigest\s+varbinary\(32\) = NULL,\s+@replayed\s+bit = NULL OUTPUT/);
+    // the key and the digest one longer than they may be: a longer one is refused, not cut to a valid one
+    assert.match(create, /@idempotencyKey nvarchar\(129\) = NULL,\s+@requestDigest\s+varbinary\(33\) = NULL,\s+@replayedBatchId uniqueidentifier = NULL OUTPUT/);
     const transaction = create.indexOf('IF @@TRANCOUNT = 0');
-    const replay = create.indexOf('EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @requestDigest, @lock = 1, @batch = 1, @batchId = @madeBatch OUTPUT;');
+    const replay = create.indexOf('EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @lock = 1, @batch = 1, @batchId = @replayedBatchId OUTPUT;');
     const batch = create.indexOf('INSERT asyncexec.AsyncExecBatches');
     const key = create.indexOf('INSERT asyncexec.AsyncExecBatchIdempotencyKeys (scope, idempotency_key, batch_id, request_digest)');
     assert.ok(transaction > 0 && replay > transaction && batch > replay && key > batch, 'a transaction, then the key under its lock, then the batch and its key');
-    assert.match(create.slice(replay, batch), /IF @madeBatch IS NOT NULL\s+BEGIN\s+SELECT @batchId = @madeBatch, @replayed = 1;\s+RETURN;\s+END;/);
+    // a replay leaves @batchId NULL: a caller that invokes its calls anyway is refused, never adds them to the first batch
+    assert.match(create.slice(replay, batch), /IF @replayedBatchId IS NOT NULL\s+RETURN;/);
+    assert.match(create, /SELECT @batchId = NULL, @replayedBatchId = NULL;/);
+    assert.doesNotMatch(create, /(SET|SELECT) @batchId = @replayedBatchId/);
+    // the stored digest covers the stage count and the policy as well as the caller's digest
+    assert.match(withoutComments(await procedure('usp_AsyncExecBatchCreate')), /SET @digest = HASHBYTES\('SHA2_256', CONCAT\(CONVERT\(nvarchar\(68\), @requestDigest, 1\), NCHAR\(31\), @stageCount, NCHAR\(31\), @onFailure\)\);/);
     assert.match(create, /IF @requestDigest IS NULL OR DATALENGTH\(@requestDigest\) <> 32\s+BEGIN[\s\S]*?THROW 50005/);
     const replayProc = codeOnly(await procedure('usp_AsyncExecReplay'));
     assert.match(replayProc, /IF @batch = 1\s+SELECT @batchId = k\.batch_id, @madeDigest = k\.request_digest\s+FROM asyncexec\.AsyncExecBatchIdempotencyKeys AS k\s+WHERE k\.scope = @scope AND k\.idempotency_key = @key;/);

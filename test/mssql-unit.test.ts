@@ -1129,6 +1129,9 @@ describe('mssql: batches (TypeScript)', () => {
     const digest = (stages: InvokeCall[][], onFailure: 'CANCEL' | 'CONTINUE' = 'CANCEL') => batchDigest(stages, onFailure).toString('hex');
     assert.equal(digest([[call('a')], [call('b')]]), digest([[call('a')], [{ ...call('b'), submittedBy: 'someone' }]]));
     assert.equal(batchDigest([[call('a')]], 'CANCEL').length, 32);
+    // arguments as usp_AsyncExecInvoke receives them: a bigint is its exact digits, not a TypeError
+    const big = (n: bigint): InvokeCall => ({ procedure: 'demo.big', arguments: { n } });
+    assert.notEqual(batchDigest([[big(12345678901234567890n)]], 'CANCEL').toString('hex'), batchDigest([[big(12345678901234567891n)]], 'CANCEL').toString('hex'));
     for (const other of [digest([[call('b')], [call('a')]]), digest([[call('a'), call('b')]]), digest([[call('a')], [call('b')]], 'CONTINUE'), digest([[call('a')], [{ ...call('b'), maxAttempts: 2 }]])]) {
       assert.notEqual(other, digest([[call('a')], [call('b')]]));
     }

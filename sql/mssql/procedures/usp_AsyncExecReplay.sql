@@ -51,10 +51,11 @@ BEGIN
     -- The key's rules (50005), for both callers. DATALENGTH, not LEN: LEN ignores trailing blanks.
     -- A trailing blank is refused because = ignores it, whatever the collation ("= (String
     -- comparison or assignment)"): "k " would be the key "k". A leading blank is refused as the
-    -- service refuses it (engine.ts checkIdempotencyKey). The callers' parameter is nvarchar(129):
-    -- a key cut to it is refused here, where one cut to 128 would have been another key.
+    -- service refuses it (engine.ts checkIdempotencyKey), by its code point: = would compare it
+    -- under the database's collation. The callers' parameter is nvarchar(129): a key cut to it is
+    -- refused here, where one cut to 128 would have been another key.
     IF @key IS NULL OR DATALENGTH(@key) NOT BETWEEN 2 AND 256 OR DATALENGTH(@key) <> DATALENGTH(RTRIM(@key))
-       OR LEFT(@key, 1) = N' '
+       OR UNICODE(@key) = 32
     BEGIN
         SET @message = N'an idempotency key is 1 to 128 characters, and does not begin or end with a blank';
         SET @message = REPLACE(@message, N'%', N'%%');

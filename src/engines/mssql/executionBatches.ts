@@ -26,7 +26,7 @@ import {
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow, type Queryable } from './executions.js';
 import { enqueue } from './invoke.js';
-import { isToken } from './types.js';
+import { encodeArguments, isToken } from './types.js';
 
 const POLICIES: readonly BatchFailurePolicy[] = ['CANCEL', 'CONTINUE'];
 
@@ -59,7 +59,8 @@ export function checkBatch(stages: readonly (readonly InvokeCall[])[], options: 
  * maxAttempts) and its failure policy. The same batch sent again gives the same digest.
  */
 export function batchDigest(stages: readonly (readonly InvokeCall[])[], onFailure: BatchFailurePolicy): Buffer {
-  const calls = stages.map((stage) => stage.map((c) => [c.procedure, c.arguments ?? {}, c.queue ?? null, c.runAt?.getTime() ?? null, c.maxAttempts ?? null]));
+  // the arguments' text as usp_AsyncExecInvoke receives it (bigints as exact strings)
+  const calls = stages.map((stage) => stage.map((c) => [c.procedure, encodeArguments(c.arguments ?? {}), c.queue ?? null, c.runAt?.getTime() ?? null, c.maxAttempts ?? null]));
   return createHash('sha256').update(JSON.stringify([calls, onFailure])).digest();
 }
 
@@ -81,12 +82,12 @@ export async function submitBatch(
       .input('submittedBy', sql.NVarChar(256), submittedBy)
       .output('batchId', sql.UniqueIdentifier)
       .input('idempotencyKey', sql.NVarChar(129), idempotencyKey)
-      .input('requestDigest', sql.VarBinary(32), idempotencyKey === null ? null : batchDigest(stages, onFailure))
-      .output('replayed', sql.Bit)
+      .input('requestDigest', sql.VarBinary(33), idempotencyKey === null ? null : batchDigest(stages, onFailure))
+      .output('replayedBatchId', sql.UniqueIdentifier)
       .execute('asyncexec.usp_AsyncExecBatchCreate');
-    batchId = String(result.output.batchId).toLowerCase();
     // the key's batch, made by an earlier request: nothing more is submitted
-    if (result.output.replayed) return batchId;
+    if (result.output.replayedBatchId) return String(result.output.replayedBatchId).toLowerCase();
+    batchId = String(result.output.batchId).toLowerCase();
   } catch (error) {
     throw mapDatabaseError(error);
   }

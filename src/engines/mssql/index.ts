@@ -2,6 +2,7 @@ import sql from 'mssql';
 import type { Snapshot } from '../../changeCursor.js';
 import {
   EngineError,
+  purgedWhileReplayed,
   type ActivatorOptions,
   type Attempt,
   type Batch,
@@ -257,7 +258,8 @@ export class MssqlEngine implements Engine<sql.Transaction> {
       this.withTransaction(async (tx) => {
         const id = await submitBatch(tx, stages, options);
         const batch = await getBatch(tx, id);
-        if (!batch) throw new Error(`batch ${id} was submitted but cannot be read back`);
+        // only a replayed batch can be gone: purged since its key was read
+        if (!batch) throw purgedWhileReplayed(options?.idempotencyKey);
         return batch;
       }),
     );

@@ -17,6 +17,7 @@ import type {
   ScheduleInput,
   SubmitBatchOptions,
 } from '../../engine.js';
+import { purgedWhileReplayed } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
@@ -157,7 +158,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   async submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch> {
     const executions = await submitBatch(this.pool, stages, options);
     this.announce(executions);
-    return (await getBatch(this.pool, executions[0].batchId!))!;
+    // only a replayed batch can be gone: purged since its key was read
+    const batch = executions.length ? await getBatch(this.pool, executions[0].batchId!) : null;
+    if (!batch) throw purgedWhileReplayed(options?.idempotencyKey);
+    return batch;
   }
   getBatch(id: string) {
     return getBatch(this.pool, id);
