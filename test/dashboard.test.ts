@@ -429,6 +429,99 @@ describe('steering', () => {
   });
 });
 
+describe('a user who makes mistakes (found by a hostile probe)', () => {
+  const count = async (procedure: string) => Number((await gqlData(t, `{ executions(first: 1, filter: { procedure: "${procedure}" }) { totalCount } }`)).executions.totalCount);
+
+  it('a "not before" the browser cannot turn into an instant is refused in the form, sends nothing, and the form goes on working', async () => {
+    const before = await count('demo.noop');
+    const { page, errors } = await open(t, '#/procedure/demo.noop');
+    await page.locator('input[name="runAt"]').fill('275760-09-13T00:00');
+    await page.getByRole('button', { name: 'Invoke' }).click();
+    await shows(page, 'main.page', 'is not a date and time from year 1 to 9999');
+    assert.equal(await count('demo.noop'), before, 'nothing sent');
+    await page.locator('input[name="runAt"]').fill('');
+    await page.getByRole('button', { name: 'Invoke' }).click();
+    await page.waitForURL(/#\/execution\/[0-9a-f-]{36}$/);
+    assert.equal(await count('demo.noop'), before + 1);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('"Run again" clicked twice quickly makes one call', async () => {
+    const token = await invoke(t, { procedure: 'demo.add', arguments: { a: 7, b: 7 } });
+    await waitFor(async () => (await statusOf(t, token)) === 'SUCCEEDED', 30_000, 'the call');
+    const before = await count('demo.add');
+    const { page, errors } = await open(t, `#/execution/${token}`);
+    await page.getByRole('button', { name: 'Run again' }).dblclick();
+    await page.waitForURL((url) => /#\/execution\/[0-9a-f-]{36}$/.test(url.hash) && !url.hash.endsWith(token));
+    await sleep(500);
+    assert.equal(await count('demo.add'), before + 1);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('a fresh overview counts every call that ended within its window, not only the newest hundred', async () => {
+    await gqlData(t, 'mutation ($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }', {
+      i: Array.from({ length: 150 }, () => ({ procedure: 'demo.noop' })),
+    });
+    const client = await cluster.connect(databaseUrl);
+    try {
+      const unended = async () => Number((await client.query(`select count(*) as n from asyncproc.executions where status in ('PENDING', 'RUNNING')`)).rows[0].n);
+      await waitFor(async () => (await unended()) === 0, 30_000, 'the 150 calls to end');
+      const ended = async () => Number((await client.query(`select count(*) as n from asyncproc.executions where status = 'SUCCEEDED' and finished_at > now() - interval '9 minutes'`)).rows[0].n);
+      const expected = await ended();
+      assert.ok(expected >= 150, String(expected));
+      const { page, errors } = await open(t);
+      await shows(page, '[data-testid="succeeded-total"]', new RegExp(`^${expected}$`));
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    } finally {
+      await client.end();
+    }
+  });
+
+  it("a queue's form follows another admin's change, and New queue does not change a queue that exists", async () => {
+    await gqlData(t, 'mutation { configureQueue(input: { name: "shared", concurrency: 3 }) { queue { name } } }');
+    const concurrency = async () => (await gqlData(t, '{ queues { name concurrency } }')).queues.find((q: { name: string }) => q.name === 'shared').concurrency;
+    const { page, errors } = await open(t, '#/queues');
+    const field = page.getByRole('spinbutton', { name: 'concurrency of shared' });
+    await waitFor(async () => (await field.inputValue()) === '3', 30_000, 'the field at 3');
+    await gqlData(t, 'mutation { configureQueue(input: { name: "shared", concurrency: 7 }) { queue { name } } }');
+    await waitFor(async () => (await field.inputValue()) === '7', 30_000, "the field showing the other admin's 7");
+    assert.ok(await page.locator('[data-queue="shared"]').getByRole('button', { name: 'Save', exact: true }).isDisabled(), 'nothing to save');
+    await page.getByRole('textbox', { name: 'queue name' }).fill('shared');
+    await page.getByRole('spinbutton', { name: 'concurrency', exact: true }).fill('1');
+    await page.getByRole('button', { name: 'Create' }).click();
+    await shows(page, 'main.page', 'a queue named shared exists already');
+    assert.equal(await concurrency(), 7);
+    assert.deepEqual(errors, []);
+    await page.context().close();
+  });
+
+  it('a 20,000-character error and argument wrap inside their cards: the page does not scroll sideways, on a phone either', async () => {
+    const long = 'W'.repeat(20_000);
+    const token = await invoke(t, { procedure: 'demo.fail', arguments: { message: long }, maxAttempts: 1 });
+    await waitFor(async () => (await statusOf(t, token)) === 'FAILED', 30_000, 'the call to fail');
+    for (const viewport of [{ width: 1280, height: 800 }, { width: 375, height: 700 }]) {
+      const { page, errors } = await open(t, `#/execution/${token}`, { viewport });
+      await shows(page, '[data-testid="execution-error"]', 'WWWW');
+      const width = await page.evaluate(() => document.documentElement.scrollWidth);
+      assert.ok(width <= viewport.width, `the page is ${width} px wide in a ${viewport.width} px viewport`);
+      assert.deepEqual(errors, []);
+      await page.context().close();
+    }
+  });
+
+  it('a batch id typed with a slash opens the page of that id (refused as malformed), not of its first part', async () => {
+    const { page, errors } = await open(t, '#/batches');
+    await page.getByRole('textbox', { name: 'batch id' }).fill('not a batch / id');
+    await page.getByRole('button', { name: 'Open' }).click();
+    await shows(page, 'main.page', 'not a batch / id');
+    assert.deepEqual(errors.filter((e) => !/status of 4\d\d/.test(e)), []);
+    await page.context().close();
+  });
+});
+
 describe('resuming', () => {
   it('counts what ended while the socket was down: the feed resumes from the last cursor it saw', async () => {
     const proxy = await startProxy(t.app.server!.port);
@@ -557,6 +650,23 @@ describe('signing in', () => {
     await shows(page, '.who', 'operator');
     assert.match(await page.evaluate(() => sessionStorage.getItem('asyncproc.authorization') ?? ''), /^ApiKey apk_/);
     // the browser's own 401s on the way are expected; nothing else may fail
+    assert.deepEqual(errors.filter((e) => !/status of 401/.test(e)), []);
+    await page.context().close();
+  });
+
+  it("after a sign-out, the next caller's overview counts their own work only, not what the last one saw", async () => {
+    const admin = { authorization: `Bearer ${await jwt('ada', ['admin'])}` };
+    const token = await invoke(secured, { procedure: 'demo.noop' }, admin);
+    await waitFor(async () => (await statusOf(secured, token, admin)) === 'SUCCEEDED', 30_000, "the admin's call");
+    const { page, errors } = await open(secured);
+    await signIn(page, await jwt('ada', ['admin']));
+    await shows(page, '[data-testid="succeeded-total"]', /^[1-9]\d*$/);
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await signIn(page, await jwt('nora'));
+    await shows(page, '.who', 'nora · caller');
+    await shows(page, '[data-testid="succeeded-total"]', /^0$/);
+    await sleep(1000);
+    assert.equal(await text(page, '[data-testid="succeeded-total"]'), '0');
     assert.deepEqual(errors.filter((e) => !/status of 401/.test(e)), []);
     await page.context().close();
   });

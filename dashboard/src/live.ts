@@ -86,9 +86,16 @@ export interface Loaded<T> {
 
 /**
  * A query read on mount, when its variables change, and again (at most every `debounceMs`) when an
- * event `concerns` it: counts follow the work without a request per event.
+ * event `concerns` it: counts follow the work without a request per event. `refreshMs`: read again
+ * that often as well, for what changes without an event (a queue's settings, changed by another admin).
  */
-export function useLiveQuery<T>(query: string, variables: Record<string, unknown> | undefined, concerns: ((event: ChangeEvent) => boolean) | null, debounceMs = 300): Loaded<T> {
+export function useLiveQuery<T>(
+  query: string,
+  variables: Record<string, unknown> | undefined,
+  concerns: ((event: ChangeEvent) => boolean) | null,
+  debounceMs = 300,
+  refreshMs?: number,
+): Loaded<T> {
   const [state, setState] = useState<{ data: T | null; error: ApiError | null; loading: boolean }>({ data: null, error: null, loading: true });
   const key = JSON.stringify(variables ?? {});
   const generation = useRef(0);
@@ -104,8 +111,9 @@ export function useLiveQuery<T>(query: string, variables: Record<string, unknown
   useEffect(() => {
     setState((old) => ({ ...old, loading: true }));
     load();
-    return () => clearTimeout(timer.current);
-  }, [load]);
+    const refresh = refreshMs ? setInterval(load, refreshMs) : undefined;
+    return () => (clearTimeout(timer.current), clearInterval(refresh));
+  }, [load, refreshMs]);
   useEvents((event) => {
     if (!concerns || !concerns(event) || timer.current !== undefined) return;
     timer.current = setTimeout(() => {

@@ -2,7 +2,7 @@
  * Throughput and failures over the last minutes: ended executions counted in buckets by the time
  * they ended, fed by the live feed and seeded, when the overview opens, from the newest ended ones.
  */
-import { gql } from './api';
+import { credential, gql } from './api';
 import { ENDED, type ChangeEvent, type Status } from './live';
 import { Store } from './store';
 
@@ -46,17 +46,43 @@ export function countEvent(event: ChangeEvent) {
   count(event.execution.token, event.status, event.execution.finishedAt);
 }
 
+/** Ended executions a seed reads at most (pages of SEED_PAGE, newest first). */
+const SEED_LIMIT = 10_000;
+const SEED_PAGE = 500; // the most a page of executions holds
+const SEED = `query Seed($after: String) {
+  executions(first: ${SEED_PAGE}, after: $after, filter: { status: [SUCCEEDED, FAILED, CANCELLED] }) {
+    nodes { token status finishedAt } pageInfo { hasNextPage endCursor }
+  }
+}`;
+
 let seeded = false;
-/** The newest ended executions, once per page load, so the charts do not start empty. */
+/**
+ * The executions that ended within the window, once per page load (and again after a change of
+ * credentials), so the charts do not start empty: newest first, page by page, until a page has
+ * none that ended within the window, or SEED_LIMIT were read.
+ */
 export async function seedOutcomes() {
   if (seeded) return;
   seeded = true;
-  const { executions } = await gql<{ executions: { nodes: { token: string; status: Status; finishedAt: string | null }[] } }>(
-    '{ executions(first: 100, filter: { status: [SUCCEEDED, FAILED, CANCELLED] }) { nodes { token status finishedAt } } }',
-  );
   const since = Date.now() - WINDOW_MINUTES * 60_000;
-  for (const e of executions.nodes) if (e.finishedAt && Date.parse(e.finishedAt) >= since) count(e.token, e.status, e.finishedAt);
+  let after: string | null = null;
+  for (let read = 0; read < SEED_LIMIT; read += SEED_PAGE) {
+    const page: { executions: { nodes: { token: string; status: Status; finishedAt: string | null }[]; pageInfo: { hasNextPage: boolean; endCursor: string | null } } } =
+      await gql(SEED, { after });
+    const recent = page.executions.nodes.filter((e) => e.finishedAt && Date.parse(e.finishedAt) >= since);
+    for (const e of recent) count(e.token, e.status, e.finishedAt);
+    if (!recent.length || !page.executions.pageInfo.hasNextPage) return;
+    after = page.executions.pageInfo.endCursor;
+  }
 }
+
+// what one caller's credentials saw is not shown to the next: counted again from their own work
+credential.watch(() => {
+  buckets.clear();
+  counted.clear();
+  seeded = false;
+  outcomesVersion.set(outcomesVersion.get() + 1);
+});
 
 /** [bucket starts (unix seconds), succeeded, failed] over the window, one entry per bucket, up to now. */
 export function series(now = Date.now()): [number[], number[], number[]] {

@@ -33,7 +33,7 @@ export function Batches() {
   return (
     <div class="stack">
       <Section title="Open a batch">
-        <form class="filters" onSubmit={(e) => (e.preventDefault(), navigate(`/batch/${id.trim()}`))}>
+        <form class="filters" onSubmit={(e) => (e.preventDefault(), navigate(`/batch/${encodeURIComponent(id.trim())}`))}>
           <label>
             batch id
             <input value={id} placeholder="uuid" onInput={(e) => setId(e.currentTarget.value)} />

@@ -175,19 +175,22 @@ function History({ attempts }: { attempts: Attempt[] }) {
 
 const INVOKE = 'mutation Invoke($input: InvokeInput!) { invoke(input: $input) { execution { token } } }';
 
-/** The same procedure with the same arguments, on the same queue; then its own page. */
+/** The same procedure with the same arguments, on the same queue; then its own page. One call per click: busy until answered. */
 function RunAgain({ execution }: { execution: Execution }) {
   const [error, setError] = useState<ApiError | null>(null);
+  const [busy, setBusy] = useState(false);
   return (
     <span class="confirm">
       <button
         type="button"
-        onClick={() =>
+        disabled={busy}
+        onClick={() => {
+          setBusy(true);
           gql<{ invoke: { execution: { token: string } } }>(INVOKE, { input: { procedure: execution.procedure, arguments: execution.arguments, queue: execution.queue } }).then(
-            ({ invoke }) => navigate(`/execution/${invoke.execution.token}`),
-            setError,
-          )
-        }
+            ({ invoke }) => (setBusy(false), navigate(`/execution/${invoke.execution.token}`)),
+            (e: ApiError) => (setBusy(false), setError(e)),
+          );
+        }}
       >
         Run again
       </button>

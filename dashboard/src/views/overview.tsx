@@ -1,4 +1,5 @@
 import { useEffect, useMemo } from 'preact/hooks';
+import { credential } from '../api';
 import { BarChart } from '../chart';
 import { duration, ErrorNote, ExecutionLink, Grid, Section, useNow } from '../components';
 import { useLiveQuery } from '../live';
@@ -15,7 +16,9 @@ export function Overview() {
   const version = useStore(outcomesVersion);
   // the window slides every bucket even when nothing ends
   const tickAt = useNow(BUCKET_SECONDS * 1000);
-  useEffect(() => void seedOutcomes().catch(() => {}), []);
+  // seeded again for the next caller's credentials (outcomes.ts forgets the last one's counts)
+  const who = useStore(credential);
+  useEffect(() => void seedOutcomes().catch(() => {}), [who]);
   // read the clock at each change too: a call that ended in a bucket the last tick did not reach
   // yet is counted at once, not up to a bucket later
   const [xs, ok, bad] = useMemo(() => series(Date.now()), [version, tickAt]);

@@ -98,10 +98,21 @@ export function argumentValue(kind: Kind, text: string): unknown {
         throw new Error('not valid JSON');
       }
     case 'timestamptz':
-      return new Date(text).toISOString();
+      return isoInstant(text);
     default:
       return text;
   }
+}
+
+/**
+ * A local date and time as the instant the service takes (ISO 8601, UTC). A year the browser's
+ * Date cannot hold (past 275760, or past 9999 once turned into ISO text) is refused here, before
+ * anything is sent, rather than thrown from the submit.
+ */
+function isoInstant(text: string): string {
+  const at = new Date(text);
+  if (Number.isNaN(at.getTime()) || at.getUTCFullYear() > 9999 || at.getUTCFullYear() < 1) throw new Error(`"${text}" is not a date and time from year 1 to 9999`);
+  return at.toISOString();
 }
 
 const INPUT_TYPE: Partial<Record<Kind, 'number' | 'date' | 'datetime-local' | 'time'>> = { integer: 'number', float: 'number', date: 'date', timestamp: 'datetime-local', timestamptz: 'datetime-local', time: 'time' };
@@ -126,17 +137,19 @@ export function ProcedurePage({ name }: { name: string }) {
   const submit = (event: Event) => {
     event.preventDefault();
     const args: Record<string, unknown> = {};
+    let notBefore: string | undefined;
     try {
       for (const p of inputs) {
         const value = argumentValue(kindOf(p.type), values[p.name] ?? '');
         if (value !== undefined) args[p.name] = value;
       }
+      notBefore = runAt ? isoInstant(runAt) : undefined;
     } catch (e) {
       setError((e as Error).message);
       return;
     }
     setBusy(true);
-    gql<{ invoke: { execution: { token: string } } }>(INVOKE, { input: { procedure: procedure.name, arguments: args, ...(queue ? { queue } : {}), ...(runAt ? { runAt: new Date(runAt).toISOString() } : {}) } }).then(
+    gql<{ invoke: { execution: { token: string } } }>(INVOKE, { input: { procedure: procedure.name, arguments: args, ...(queue ? { queue } : {}), ...(notBefore ? { runAt: notBefore } : {}) } }).then(
       ({ invoke }) => navigate(`/execution/${invoke.execution.token}`),
       (e: ApiError) => (setBusy(false), setError(e)),
     );

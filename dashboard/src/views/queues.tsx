@@ -87,6 +87,9 @@ function PauseQueue({ queue, onDone }: { queue: Queue; onDone?: () => void }) {
   );
 }
 
+/** How often the Queues view reads the queues again, events or not. */
+const SETTINGS_REFRESH_MS = 5_000;
+
 const CONFIGURE = 'mutation Configure($input: ConfigureQueueInput!) { configureQueue(input: $input) { queue { name concurrency } } }';
 
 /** An admin's form for one setting of a queue: Save once something changed; the server's refusal is shown in place. */
@@ -109,8 +112,23 @@ function SettingForm({ unchanged, send, saveLabel, onSaved, children }: { unchan
   );
 }
 
+/**
+ * A field's text, following the server's value while the admin has not edited it: another admin's
+ * change shows here, instead of a stale value that one click of Save would write back.
+ */
+function useField(server: string): [string, (value: string) => void] {
+  const [value, setValue] = useState(server);
+  const [shown, setShown] = useState(server);
+  if (server !== shown) {
+    // the server's value changed: an unedited field takes it (render-time update, no extra frame)
+    setShown(server);
+    if (value === shown) setValue(server);
+  }
+  return [value, setValue];
+}
+
 function Concurrency({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
-  const [value, setValue] = useState(String(queue.concurrency));
+  const [value, setValue] = useField(String(queue.concurrency));
   return (
     <SettingForm unchanged={value === String(queue.concurrency)} send={() => gql(CONFIGURE, { input: { name: queue.name, concurrency: Number(value) } })} onSaved={onSaved}>
       <input type="number" min={1} max={1000} required value={value} aria-label={`concurrency of ${queue.name}`} onInput={(e) => setValue(e.currentTarget.value)} />
@@ -120,8 +138,8 @@ function Concurrency({ queue, onSaved }: { queue: Queue; onSaved?: () => void })
 
 /** Sent with the queue's current concurrency. No min or max: the server judges, and says why (its limits; SQL Server refuses any grouping). */
 function Grouping({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
-  const [size, setSize] = useState(String(queue.groupCommits.size));
-  const [maxMs, setMaxMs] = useState(String(queue.groupCommits.maxMs));
+  const [size, setSize] = useField(String(queue.groupCommits.size));
+  const [maxMs, setMaxMs] = useField(String(queue.groupCommits.maxMs));
   const unchanged = size === String(queue.groupCommits.size) && maxMs === String(queue.groupCommits.maxMs);
   const send = () => gql(CONFIGURE, { input: { name: queue.name, concurrency: queue.concurrency, groupCommits: { size: Number(size), maxMs: Number(maxMs) } } });
   return (
@@ -136,12 +154,18 @@ function Grouping({ queue, onSaved }: { queue: Queue; onSaved?: () => void }) {
 
 export function Queues() {
   const caps = useStore(capabilities);
-  const queues = useLiveQuery<{ queues: Queue[] }>(QUEUES, undefined, () => true, 500);
+  // settings change without an event: read every few seconds too, so another admin's change shows
+  const queues = useLiveQuery<{ queues: Queue[] }>(QUEUES, undefined, () => true, 500, SETTINGS_REFRESH_MS);
   const [name, setName] = useState('');
   const [concurrency, setConcurrency] = useState('4');
   const [error, setError] = useState<ApiError | null>(null);
   const create = (event: Event) => {
     event.preventDefault();
+    // configureQueue also changes a queue that exists: a new queue's form must not do that unseen
+    if (queues.data?.queues.some((q) => q.name === name)) {
+      setError(new ApiError('BAD_USER_INPUT', `a queue named ${name} exists already: change its concurrency in its row above`));
+      return;
+    }
     gql(CONFIGURE, { input: { name, concurrency: Number(concurrency) } }).then(() => (setName(''), setError(null), queues.reload()), setError);
   };
   return (
