@@ -26,7 +26,7 @@ export function checkId(given: string, typename: NodeType): string {
   if (isUuid(given)) return given.toLowerCase();
   const decoded = decodeNodeId(given);
   if (decoded?.typename !== typename) {
-    throw userError('BAD_USER_INPUT', `malformed ${NAMES[typename]} "${given.slice(0, 100)}": expected a UUID or a ${typename} id`);
+    throw userError('BAD_USER_INPUT', `malformed ${NAMES[typename]} "${given.slice(0, 100)}": expected a UUID or ${typename === 'Execution' ? 'an' : 'a'} ${typename} id`);
   }
   return decoded.uuid;
 }

@@ -132,7 +132,7 @@ export function ProcedurePage({ name }: { name: string }) {
   const [error, setError] = useState<ApiError | string | null>(null);
   const [busy, setBusy] = useState(false);
   const procedure = list.data?.procedures.find((p) => p.name === name);
-  if (!procedure) return list.loading ? <p class="muted">Loading…</p> : <p class="note">No registered procedure {name}.</p>;
+  if (!procedure) return list.loading ? <p class="muted">Loading…</p> : <p class="note">{name ? `No registered procedure ${name}.` : "No procedure named: pick one from the list."}</p>;
   const inputs = procedure.parameters.filter((p) => p.mode !== 'OUT').sort((a, b) => a.position - b.position);
   const submit = (event: Event) => {
     event.preventDefault();
