@@ -547,11 +547,29 @@ export function checkIdempotencyKey(key: unknown): void {
 }
 
 /**
- * A batch a key replayed, gone before it was read back: retention purged it meanwhile, which also
- * freed the key. Transient: sent again, the batch is made anew.
+ * What an idempotency key replayed, gone before it was read back: retention purged it meanwhile,
+ * which also freed the key. Transient: sent again, it is made anew.
  */
-export function purgedWhileReplayed(key: string | null | undefined): EngineError {
-  return new EngineError('IDEMPOTENCY_KEY_IN_USE', `the batch idempotency key "${key}" made was being purged as it was replayed: send the batch again`);
+export function purgedWhileReplayed(key: string | null | undefined, what: 'batch' | 'call' = 'batch'): EngineError {
+  return new EngineError('IDEMPOTENCY_KEY_IN_USE', `the ${what} idempotency key "${key}" made was being purged as it was replayed: send the ${what} again`);
+}
+
+/** Executions and batches that an idempotency key returned as an earlier request made them (markReplayed). */
+const REPLAYED = new WeakSet<object>();
+
+/** Mark what submit, invoke or submitBatch returns as a replay: nothing was submitted, an earlier request made it. */
+export function markReplayed<T extends object>(made: T): T {
+  REPLAYED.add(made);
+  return made;
+}
+
+/**
+ * Whether `made`, as submit, invoke or submitBatch returned it, is what an earlier request made
+ * with the same idempotency key (nothing was submitted this time). False for anything else,
+ * including the same execution read again later.
+ */
+export function isReplayed(made: object): boolean {
+  return REPLAYED.has(made);
 }
 
 /** BAD_USER_INPUT if a call of the batch carries an idempotency key: a batch's calls take none. */

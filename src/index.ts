@@ -53,7 +53,7 @@ async function checkSchema(engine: PostgresEngine): Promise<void> {
   if (installed < revision) throw new Error(`the database's asyncproc routines are revision ${installed}, this package needs ${revision}: ${fix}`);
 }
 
-export { EngineError } from './engine.js';
+export { EngineError, isReplayed } from './engine.js';
 export type { PostgresTransaction } from './engines/postgres/index.js';
 export type {
   Batch,

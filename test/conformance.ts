@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
 import {
   EngineError,
+  isReplayed,
   isTerminal,
   type Batch,
   type Closeable,
@@ -1423,6 +1424,7 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         const before = await engine.countExecutions({});
         const [again] = await submit([call(key, 'alice')]);
         assert.equal(again.token, first.token);
+        assert.deepEqual([isReplayed(first), isReplayed(again)], [false, true], 'the replay is told apart');
         // twice in one transaction: the second sees the first
         const both = await submit([call(key, 'alice'), call(key, 'alice')]);
         assert.deepEqual(both.map((e) => e.token), [first.token, first.token]);
@@ -1492,6 +1494,7 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
         const before = await engine.countExecutions({});
         const again = await engine.submitBatch(stages(tag), { submittedBy: 'alice', idempotencyKey: key });
         assert.equal(again.id, first.id);
+        assert.deepEqual([isReplayed(first), isReplayed(again)], [false, true], 'the replay is told apart');
         assert.equal(await engine.countExecutions({}), before, 'a replay writes nothing');
         for (const [other, onFailure] of [
           [stages(`${tag}-other`), 'CANCEL'],

@@ -10,8 +10,9 @@ import { after, before, describe, it } from 'node:test';
 import { SignJWT } from 'jose';
 import type pg from 'pg';
 import { createPostgresEngine, type PostgresEngine } from '../src/engines/postgres/index.js';
-import { EngineError } from '../src/engine.js';
+import { EngineError, isReplayed } from '../src/engine.js';
 import { startTestApp, type TestApp } from './support/app.js';
+import { capturingLogger } from './support/logs.js';
 import { startTestCluster, waitFor, type TestCluster } from './support/database.js';
 
 const SECRET = 'a-test-secret-of-at-least-thirty-two-characters';
@@ -47,10 +48,16 @@ after(async () => {
   await cluster?.stop();
 });
 
-const INVOKE = 'mutation($i: InvokeInput!) { invoke(input: $i) { execution { token status submittedBy } } }';
+const INVOKE = 'mutation($i: InvokeInput!) { invoke(input: $i) { execution { token status submittedBy } replayed } }';
 async function invoke(app: TestApp, headers: Record<string, string>, input: Record<string, unknown>) {
   const { status, body } = await app.gql(INVOKE, { i: { procedure: 'demo.add', arguments: { a: 1, b: 2 }, ...input } }, headers);
-  return { status, token: body.data?.invoke?.execution?.token as string | undefined, code: body.errors?.[0]?.extensions?.code as string | undefined, body };
+  return {
+    status,
+    token: body.data?.invoke?.execution?.token as string | undefined,
+    replayed: body.data?.invoke?.replayed as boolean | undefined,
+    code: body.errors?.[0]?.extensions?.code as string | undefined,
+    body,
+  };
 }
 /** Executions holding `key` (any caller's). */
 const holding = async (key: string) =>
@@ -62,6 +69,7 @@ describe('an idempotency key', () => {
     const first = await invoke(one, alice, { idempotencyKey: 'order-1' });
     assert.equal(first.status, 200);
     assert.ok(first.token, JSON.stringify(first.body));
+    assert.equal(first.replayed, false);
     // it runs to its end meanwhile: a replay answers with the execution as it is now
     const ended = await waitFor(async () => {
       const { rows } = await sql.query('select status from asyncproc.executions where token = $1', [first.token]);
@@ -70,18 +78,50 @@ describe('an idempotency key', () => {
     for (const app of [one, two, one]) {
       const again = await invoke(app, alice, { idempotencyKey: 'order-1' });
       assert.equal(again.token, first.token);
+      assert.equal(again.replayed, true, 'the answer says nothing was submitted');
       assert.equal(again.body.data.invoke.execution.status, ended);
     }
     // the same key twice in one request: one execution for both
-    const { body } = await one.gql(
-      'mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } } }',
-      { i: [1, 2].map(() => ({ procedure: 'demo.add', arguments: { a: 5, b: 5 }, idempotencyKey: 'order-2' })) },
-      alice,
-    );
+    const many = () =>
+      one.gql(
+        'mutation($i: [InvokeInput!]!) { invokeMany(inputs: $i) { executions { token } replayed } }',
+        { i: [1, 2].map(() => ({ procedure: 'demo.add', arguments: { a: 5, b: 5 }, idempotencyKey: 'order-2' })) },
+        alice,
+      );
+    const { body } = await many();
     const [a, b] = body.data.invokeMany.executions.map((e: { token: string }) => e.token);
     assert.equal(a, b);
+    // made by this request: neither is a replay
+    assert.deepEqual(body.data.invokeMany.replayed, [false, false]);
+    assert.deepEqual((await many()).body.data.invokeMany.replayed, [true, true]);
     assert.deepEqual((await holding('order-1')).map((r) => r.token), [first.token]);
     assert.deepEqual((await holding('order-2')).map((r) => r.token), [a]);
+  });
+
+  it("a replay is told apart: the library's isReplayed, and the log says replayed, not submitted", async () => {
+    const client = await cluster.connect(url);
+    try {
+      await client.query('begin');
+      const made = await engine.invoke(client, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: 'told-1' });
+      assert.equal(isReplayed(made), false);
+      // in the same transaction, a later statement: the call this transaction made
+      assert.equal(isReplayed(await engine.invoke(client, { procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: 'told-1' })), true);
+      await client.query('commit');
+    } finally {
+      await client.end();
+    }
+    const [again] = await engine.submit([{ procedure: 'demo.noop', arguments: {}, submittedBy: 'svc', idempotencyKey: 'told-1' }]);
+    assert.equal(isReplayed(again), true);
+    assert.equal(isReplayed((await engine.getExecution(again.token))!), false, 'a read is not a replay');
+    const { logger, lines } = capturingLogger('info');
+    const logged = await startTestApp(url, AUTH, logger);
+    try {
+      for (let i = 0; i < 2; i++) assert.ok((await invoke(logged, alice, { idempotencyKey: 'told-2' })).token);
+      const mine = lines.filter((l) => l.by === 'alice' && (l.msg === 'execution submitted' || l.msg === 'execution replayed'));
+      assert.deepEqual(mine.map((l) => l.msg), ['execution submitted', 'execution replayed']);
+    } finally {
+      await logged.stop();
+    }
   });
 
   it('sent with another call is refused (IDEMPOTENCY_KEY_REUSED), naming the execution it made, and nothing is written', async () => {
@@ -260,7 +300,7 @@ describe('an idempotency key', () => {
 });
 
 describe("a batch's idempotency key (SubmitBatchInput.idempotencyKey, 0020_batch_idempotency_keys.sql)", () => {
-  const SUBMIT = 'mutation($i: SubmitBatchInput!) { submitBatch(input: $i) { batch { id status stageCount } } }';
+  const SUBMIT = 'mutation($i: SubmitBatchInput!) { submitBatch(input: $i) { batch { id status stageCount } replayed } }';
   /** The batch's id as the database keeps it (GraphQL's is a global id, `Batch:<uuid>` in base64url; either is taken). */
   const uuidOf = (id: string | undefined) => (id ? Buffer.from(id, 'base64url').toString().split(':')[1] : undefined);
   async function submitBatch(app: TestApp, headers: Record<string, string>, input: Record<string, unknown>) {
@@ -287,10 +327,12 @@ describe("a batch's idempotency key (SubmitBatchInput.idempotencyKey, 0020_batch
     assert.ok(first.id, JSON.stringify(first.body));
     await waitFor(async () => (await sql.query(`select status from asyncproc.batches where id = $1`, [first.id])).rows[0].status === 'SUCCEEDED', 30_000, 'the batch to end');
     const count = await executions();
+    assert.equal(first.body.data.submitBatch.replayed, false);
     for (const app of [two, one, two]) {
       const again = await submitBatch(app, alice, { stages: stages('bk1'), idempotencyKey: 'batch-key-1' });
       assert.equal(again.id, first.id, JSON.stringify(again.body));
       assert.equal(again.body.data.submitBatch.batch.status, 'SUCCEEDED');
+      assert.equal(again.body.data.submitBatch.replayed, true);
     }
     assert.equal(await executions(), count, 'nothing submitted by the replays');
     assert.deepEqual(await ran('bk1'), { 'bk1-a': 1, 'bk1-b': 1, 'bk1-c': 1 });

@@ -55,7 +55,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
-  'mssql/procedures': { revision: 7, sha256: 'c66a6e45104b44d0758a770c5ea334b41f843fda4f2be0de35320170f89113ec' },
+  'mssql/procedures': { revision: 7, sha256: '2e0c0edaa79e7337d12afb5c5ffb6c6a92a9346b65346f947ede237d264cb317' },
 };
 
 describe('routines revision', () => {

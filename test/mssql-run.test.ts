@@ -326,6 +326,10 @@ describe('mssql invoke: idempotency keys (0017_idempotency_keys.sql; the conform
     const results = invoke.indexOf('INSERT asyncexec.AsyncExecResults');
     const key = invoke.indexOf('INSERT asyncexec.AsyncExecIdempotencyKeys (scope, idempotency_key, execution_id, execution_token, request_digest)');
     assert.ok(results > 0 && key > results && key < invoke.indexOf('BEGIN CATCH', key), 'the key is written after the call, in the same TRY');
+    // a replay is told apart (@replayed): 0 unless one of the two replay answers returns
+    assert.match(invoke, /@replayed\s+bit = NULL OUTPUT\s+WITH EXECUTE AS OWNER/);
+    assert.ok(invoke.indexOf('SET @replayed = 0;') > 0 && invoke.indexOf('SET @replayed = 0;') < early, 'cleared before the first answer');
+    assert.equal(invoke.split('SELECT @id = @madeId, @token = @madeToken, @replayed = 1;').length - 1, 2, 'both replay answers say so');
     // a parameter one longer than a key, passed on to one as long: a longer value is cut to 129 and
     // refused, never cut to a valid key on the way
     assert.match(invoke, /@idempotencyKey nvarchar\(129\) = NULL/);

@@ -1153,11 +1153,12 @@ describe('mssql: batches (TypeScript)', () => {
         : { output: { id: String(calls.length), token: null } };
     } as unknown as typeof original;
     try {
-      const id = await submitBatch({} as sql.Transaction, [[call('a'), call('b')], [{ ...call('c'), submittedBy: 'own' }]], {
+      const { id, replayed } = await submitBatch({} as sql.Transaction, [[call('a'), call('b')], [{ ...call('c'), submittedBy: 'own' }]], {
         onFailure: 'CONTINUE',
         submittedBy: 'batcher',
       });
       assert.equal(id, 'abcdef01-2345-6789-abcd-ef0123456789');
+      assert.equal(replayed, false);
       assert.deepEqual(
         calls.map((c) => [c.procedure, c.params.stageCount ?? c.params.stage, c.params.onFailure ?? c.params.batchId, c.params.submittedBy]),
         [

@@ -1,6 +1,6 @@
 import { resolveArrayConnection } from '@pothos/plugin-relay';
 import { ownerFilter, owns, type Principal } from '../auth/principal.js';
-import { BATCH_STATUSES, EngineError, type Batch, type BatchStage, type Engine, type RunningExecution } from '../engine.js';
+import { BATCH_STATUSES, EngineError, isReplayed, type Batch, type BatchStage, type Engine, type RunningExecution } from '../engine.js';
 import { builder } from './builder.js';
 import { guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
@@ -102,7 +102,13 @@ const SubmitBatchInput = builder.inputType('SubmitBatchInput', {
 });
 
 const SubmitBatchPayload = builder.objectRef<{ batch: Batch }>('SubmitBatchPayload').implement({
-  fields: (t) => ({ batch: t.field({ type: BatchRef, resolve: (p) => p.batch }) }),
+  fields: (t) => ({
+    batch: t.field({ type: BatchRef, resolve: (p) => p.batch }),
+    replayed: t.boolean({
+      description: 'True when the idempotency key returned the batch an earlier request made: nothing was submitted this time.',
+      resolve: (p) => isReplayed(p.batch),
+    }),
+  }),
 });
 
 const CancelBatchPayload = builder.objectRef<{ batch: Batch }>('CancelBatchPayload').implement({
@@ -136,6 +142,11 @@ builder.mutationFields((t) => ({
           submittedBy: context.principal.subject,
           idempotencyKey: input.idempotencyKey ?? null,
         });
+        // a replay submitted nothing: one line says so, and the members' lines were logged by the request that made them
+        if (isReplayed(batch)) {
+          context.logger.info({ batchId: batch.id, by: context.principal.subject }, 'batch replayed');
+          return { batch };
+        }
         context.logger.info({ batchId: batch.id, stages: batch.stageCount, by: context.principal.subject }, 'batch submitted');
         // each member's own line (its token), read after the answer rather than before it
         if (context.logger.isLevelEnabled('info')) {

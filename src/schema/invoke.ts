@@ -1,5 +1,5 @@
 import { callerRoles, owns } from '../auth/principal.js';
-import { EngineError, type Execution, type InvokeCall } from '../engine.js';
+import { EngineError, isReplayed, type Execution, type InvokeCall } from '../engine.js';
 import { builder, type Context } from './builder.js';
 import { guard, userError } from './errors.js';
 import { ExecutionRef } from './execution.js';
@@ -87,22 +87,34 @@ export async function submitAll(inputs: readonly InvokeInputShape[], context: Co
   return executions;
 }
 
-/** One line per submitted execution, after the commit. */
+/** One line per submitted execution, after the commit; a replay's says so (nothing was submitted). */
 export function logSubmitted(executions: readonly Execution[], context: Context): void {
-  for (const { token, procedure, queue, status, batchId, stage, runAt } of executions) {
-    context.logger.info({ token, procedure, queue, status, runAt, batchId, stage, by: context.principal.subject }, 'execution submitted');
+  for (const execution of executions) {
+    const { token, procedure, queue, status, batchId, stage, runAt } = execution;
+    context.logger.info(
+      { token, procedure, queue, status, runAt, batchId, stage, by: context.principal.subject },
+      isReplayed(execution) ? 'execution replayed' : 'execution submitted',
+    );
   }
 }
 
+const REPLAYED = 'True when the idempotency key returned the execution an earlier request made: nothing was submitted this time.';
+
 const InvokePayload = builder.objectRef<{ execution: Execution }>('InvokePayload').implement({
-  fields: (t) => ({ execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }) }),
+  fields: (t) => ({
+    execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }),
+    replayed: t.boolean({ description: REPLAYED, resolve: (p) => isReplayed(p.execution) }),
+  }),
 });
 const CancelExecutionPayload = builder.objectRef<{ execution: Execution }>('CancelExecutionPayload').implement({
   fields: (t) => ({ execution: t.field({ type: ExecutionRef, resolve: (p) => p.execution }) }),
 });
 
 const InvokeManyPayload = builder.objectRef<{ executions: Execution[] }>('InvokeManyPayload').implement({
-  fields: (t) => ({ executions: t.field({ type: [ExecutionRef], resolve: (p) => p.executions }) }),
+  fields: (t) => ({
+    executions: t.field({ type: [ExecutionRef], resolve: (p) => p.executions }),
+    replayed: t.booleanList({ description: `One per execution, in order. ${REPLAYED}`, resolve: (p) => p.executions.map((e) => isReplayed(e)) }),
+  }),
 });
 
 builder.mutationFields((t) => ({

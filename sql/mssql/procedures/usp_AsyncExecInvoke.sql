@@ -31,7 +31,9 @@ CREATE OR ALTER PROCEDURE asyncexec.usp_AsyncExecInvoke
     -- The caller's key for this call (0017_idempotency_keys.sql): 1 to 128 characters. Declared one
     -- longer: a longer value passed to a parameter is cut to its length without an error, and a key
     -- cut to 128 would be another key; cut to 129, it is refused.
-    @idempotencyKey nvarchar(129) = NULL
+    @idempotencyKey nvarchar(129) = NULL,
+    -- 1 when the key returned the execution an earlier request made (@token, @id): nothing was written
+    @replayed    bit = NULL OUTPUT
 WITH EXECUTE AS OWNER
 AS
 BEGIN
@@ -41,6 +43,7 @@ BEGIN
             @batchStatus varchar(10), @currentStage int, @stageCount int, @held bit = 0, @registeredRoles nvarchar(max),
             @queueName nvarchar(100), @refused nvarchar(400);
     SET @arguments = COALESCE(@arguments, N'{}');
+    SET @replayed = 0;
 
     -- An idempotency key this caller sent before: the same call gets the execution it made (@token,
     -- @id) and nothing is written; another call is refused (50016); a key another transaction is
@@ -65,7 +68,7 @@ BEGIN
         EXEC asyncexec.usp_AsyncExecReplay @scope, @idempotencyKey, @digest, @id = @madeId OUTPUT, @token = @madeToken OUTPUT;
         IF @madeId IS NOT NULL
         BEGIN
-            SELECT @id = @madeId, @token = @madeToken;
+            SELECT @id = @madeId, @token = @madeToken, @replayed = 1;
             RETURN;
         END;
     END;
@@ -335,7 +338,7 @@ BEGIN
             BEGIN
                 IF @trancount = 0
                     COMMIT TRANSACTION;
-                SELECT @id = @madeId, @token = @madeToken;
+                SELECT @id = @madeId, @token = @madeToken, @replayed = 1;
                 RETURN;
             END;
         END;

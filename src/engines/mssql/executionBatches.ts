@@ -66,13 +66,14 @@ export function batchDigest(stages: readonly (readonly InvokeCall[])[], onFailur
 
 /**
  * Create the batch and enqueue its calls inside the caller's open transaction, in order
- * (stage by stage); returns the batch id. Any refusal leaves the caller to roll back.
+ * (stage by stage); returns the batch id, and whether its idempotency key replayed a batch an
+ * earlier request made (then nothing was enqueued). Any refusal leaves the caller to roll back.
  */
 export async function submitBatch(
   tx: sql.Transaction,
   stages: readonly (readonly InvokeCall[])[],
   options: SubmitBatchOptions = {},
-): Promise<string> {
+): Promise<{ id: string; replayed: boolean }> {
   const { onFailure, submittedBy, idempotencyKey } = checkBatch(stages, options);
   let batchId: string;
   try {
@@ -86,7 +87,7 @@ export async function submitBatch(
       .output('replayedBatchId', sql.UniqueIdentifier)
       .execute('asyncexec.usp_AsyncExecBatchCreate');
     // the key's batch, made by an earlier request: nothing more is submitted
-    if (result.output.replayedBatchId) return String(result.output.replayedBatchId).toLowerCase();
+    if (result.output.replayedBatchId) return { id: String(result.output.replayedBatchId).toLowerCase(), replayed: true };
     batchId = String(result.output.batchId).toLowerCase();
   } catch (error) {
     throw mapDatabaseError(error);
@@ -97,7 +98,7 @@ export async function submitBatch(
       await enqueue(tx, { ...call, submittedBy: call.submittedBy ?? submittedBy }, { batchId, stage: index + 1 });
     }
   }
-  return batchId;
+  return { id: batchId, replayed: false };
 }
 
 /** A batch row with one stage's counts (none when no member is left: purged). */

@@ -2,6 +2,7 @@ import sql from 'mssql';
 import type { Snapshot } from '../../changeCursor.js';
 import {
   EngineError,
+  markReplayed,
   purgedWhileReplayed,
   type ActivatorOptions,
   type Attempt,
@@ -256,11 +257,11 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     // a deadlock victim's transaction was rolled back whole: submit it again (deadlock.ts)
     return retryDeadlocks(() =>
       this.withTransaction(async (tx) => {
-        const id = await submitBatch(tx, stages, options);
+        const { id, replayed } = await submitBatch(tx, stages, options);
         const batch = await getBatch(tx, id);
         // only a replayed batch can be gone: purged since its key was read
         if (!batch) throw purgedWhileReplayed(options?.idempotencyKey);
-        return batch;
+        return replayed ? markReplayed(batch) : batch;
       }),
     );
   }

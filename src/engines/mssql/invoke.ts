@@ -1,5 +1,5 @@
 import sql from 'mssql';
-import { checkIdempotencyKey, EngineError, type Execution, type InvokeCall } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, markReplayed, purgedWhileReplayed, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { getExecutionsById } from './executions.js';
@@ -14,11 +14,12 @@ export interface BatchPlacement {
 
 /**
  * Enqueue a call inside the caller's open transaction through usp_AsyncExecInvoke, which
- * takes a savepoint there (or its own transaction when none is open); returns its id.
+ * takes a savepoint there (or its own transaction when none is open); returns its id, and
+ * whether an idempotency key replayed an execution an earlier request made.
  * Refusals arrive as EngineErrors. In a batch, a call of a stage not yet released is held
  * (WAITING, no message) by the procedure itself.
  */
-export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?: BatchPlacement): Promise<string> {
+export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?: BatchPlacement): Promise<{ id: string; replayed: boolean }> {
   // The procedure's parameters are sized; a longer value would be cut by SQL Server,
   // and trailing blanks compare equal in T-SQL: refuse both before the database sees them.
   if (typeof call.procedure !== 'string' || call.procedure.length > 261 || call.procedure !== call.procedure.trim()) {
@@ -54,9 +55,10 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
   request.input('idempotencyKey', sql.NVarChar(129), call.idempotencyKey ?? null);
   request.output('token', sql.UniqueIdentifier);
   request.output('id', sql.BigInt);
+  request.output('replayed', sql.Bit);
   try {
     const result = await request.execute('asyncexec.usp_AsyncExecInvoke');
-    return String(result.output.id);
+    return { id: String(result.output.id), replayed: result.output.replayed === true };
   } catch (error) {
     throw mapDatabaseError(error);
   }
@@ -64,8 +66,9 @@ export async function enqueue(tx: sql.Transaction, call: InvokeCall, placement?:
 
 /** Enqueue a call inside the caller's open transaction and read the new row back on it. */
 export async function invoke(tx: sql.Transaction, call: InvokeCall): Promise<Execution> {
-  const id = await enqueue(tx, call);
+  const { id, replayed } = await enqueue(tx, call);
   const [execution] = await getExecutionsById(tx, [id]);
-  if (!execution) throw new Error(`execution ${id} was enqueued but cannot be read back`);
-  return execution;
+  // only a replayed execution can be gone: purged since its key was read
+  if (!execution) throw replayed ? purgedWhileReplayed(call.idempotencyKey, 'call') : new Error(`execution ${id} was enqueued but cannot be read back`);
+  return replayed ? markReplayed(execution) : execution;
 }

@@ -14,21 +14,26 @@ export function checkStages(stages: readonly (readonly InvokeCall[])[]): void {
   });
 }
 
-/** The whole batch in one statement (one transaction): all or none. Returns its executions in order. */
+/**
+ * The whole batch in one statement (one transaction): all or none. Returns its executions in order,
+ * and whether its idempotency key replayed a batch an earlier request made (its calls were made
+ * before this statement began).
+ */
 export async function submitBatch(
   pool: pg.Pool,
   stages: readonly (readonly InvokeCall[])[],
   options: SubmitBatchOptions = {},
-): Promise<Execution[]> {
+): Promise<{ executions: Execution[]; replayed: boolean }> {
   checkStages(stages);
   checkIdempotencyKey(options.idempotencyKey);
   try {
     // key_wait false: a key another transaction holds is refused at once (AP013), as for a single call
-    const { rows } = await pool.query<ExecutionRow>(
-      `select ${EXECUTION_COLUMNS} from asyncproc.submit_batch($1::jsonb, $2, $3, true, $4, false) e`,
+    const { rows } = await pool.query<ExecutionRow & { replayed: boolean }>(
+      `select ${EXECUTION_COLUMNS}, e.submitted_at < statement_timestamp() as replayed
+         from asyncproc.submit_batch($1::jsonb, $2, $3, true, $4, false) e`,
       [JSON.stringify(stages.map(callsAsJson)), options.onFailure ?? 'CANCEL', options.submittedBy ?? null, options.idempotencyKey ?? null],
     );
-    return rows.map(toExecution);
+    return { executions: rows.map(toExecution), replayed: options.idempotencyKey != null && rows[0]?.replayed === true };
   } catch (error) {
     throw mapDatabaseError(error);
   }

@@ -17,7 +17,7 @@ import type {
   ScheduleInput,
   SubmitBatchOptions,
 } from '../../engine.js';
-import { purgedWhileReplayed } from '../../engine.js';
+import { isReplayed, markReplayed, purgedWhileReplayed } from '../../engine.js';
 import type { Logger } from '../../logger.js';
 import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
@@ -156,12 +156,12 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
 
   async submitBatch(stages: readonly (readonly InvokeCall[])[], options?: SubmitBatchOptions): Promise<Batch> {
-    const executions = await submitBatch(this.pool, stages, options);
-    this.announce(executions);
+    const { executions, replayed } = await submitBatch(this.pool, stages, options);
+    if (!replayed) this.announce(executions);
     // only a replayed batch can be gone: purged since its key was read
     const batch = executions.length ? await getBatch(this.pool, executions[0].batchId!) : null;
     if (!batch) throw purgedWhileReplayed(options?.idempotencyKey);
-    return batch;
+    return replayed ? markReplayed(batch) : batch;
   }
   getBatch(id: string) {
     return getBatch(this.pool, id);
@@ -177,6 +177,8 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     const ready = new Set<string>();
     let waiting = false;
     for (const execution of executions) {
+      // a replay submitted nothing: what it returns was announced by the request that made it
+      if (isReplayed(execution)) continue;
       this.notifier.event(execution.id, execution.cursor, execution.status);
       // WAITING too: activators then arm a timer for its runAt
       ready.add(execution.queue);

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { checkIdempotencyKey, EngineError, LONE_SURROGATE, type Execution, type InvokeCall } from '../../engine.js';
+import { checkIdempotencyKey, EngineError, LONE_SURROGATE, markReplayed, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
 import { mapDatabaseError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
@@ -97,15 +97,28 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
     if (row.refused_code.startsWith('22')) throw new EngineError('INVALID_ARGUMENTS', row.refused_message ?? 'invalid arguments');
     throw mapDatabaseError(Object.assign(new Error(row.refused_message ?? 'refused'), { code: row.refused_code, hint: row.refused_hint ?? undefined }));
   }
-  return toExecution(row);
+  return submitted(row);
 }
 
-const SUBMIT_IN_CALLERS_TRANSACTION = `select r.refused_code, r.refused_message, r.refused_hint, ${EXECUTION_COLUMNS}
+/**
+ * Whether a submit's row is a replay: a keyed execution made before this statement began (a new
+ * one is inserted during it, at clock_timestamp()). Made earlier in the same statement (two calls
+ * of one request with one key), it is this request's own.
+ */
+const REPLAYED_COLUMN = `(e.idempotency_key is not null and e.submitted_at < statement_timestamp()) as replayed`;
+
+/** A submit's row as the execution it returned, marked when an idempotency key replayed it (isReplayed). */
+function submitted(row: ExecutionRow & { replayed?: boolean }): Execution {
+  const execution = toExecution(row);
+  return row.replayed ? markReplayed(execution) : execution;
+}
+
+const SUBMIT_IN_CALLERS_TRANSACTION = `select r.refused_code, r.refused_message, r.refused_hint, ${EXECUTION_COLUMNS}, ${REPLAYED_COLUMN}
   from asyncproc.submit_or_refuse($1, $2::jsonb, $3, $4, $5, $6, $7, $8::text[], $9) r
   cross join lateral (select (r.execution).*) e`;
 
 // the service's own statements never wait for a key another transaction holds (key_wait, submit.sql)
-const SUBMIT_ONE = `select ${EXECUTION_COLUMNS} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[], idempotency_key => $9, key_wait => false) e`;
+const SUBMIT_ONE = `select ${EXECUTION_COLUMNS}, ${REPLAYED_COLUMN} from asyncproc.submit($1, $2::jsonb, $3, $4, $5, $6, $7, caller_roles => $8::text[], idempotency_key => $9, key_wait => false) e`;
 
 function submitValues(call: InvokeCall, quiet: boolean): unknown[] {
   return [
@@ -145,11 +158,11 @@ export async function submitMany(pool: pg.Pool, calls: readonly InvokeCall[]): P
 async function submitRows(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<Execution[]> {
   if (calls.length === 1) {
     const { rows } = await pool.query<ExecutionRow>({ name: 'asyncproc-submit', text: SUBMIT_ONE, values: submitValues(calls[0], true) });
-    return [toExecution(rows[0])];
+    return [submitted(rows[0])];
   }
   const { rows } = await pool.query<ExecutionRow>({
     name: 'asyncproc-submit-many',
-    text: `select ${EXECUTION_COLUMNS}
+    text: `select ${EXECUTION_COLUMNS}, ${REPLAYED_COLUMN}
        from jsonb_array_elements($1::jsonb) with ordinality c (call, n),
             lateral asyncproc.submit(c.call ->> 'procedure', c.call -> 'arguments', c.call ->> 'queue',
                                      (c.call ->> 'runAt')::timestamptz, (c.call ->> 'maxAttempts')::integer,
@@ -159,7 +172,7 @@ async function submitRows(pool: pg.Pool, calls: readonly InvokeCall[]): Promise<
       order by c.n`,
     values: [JSON.stringify(callsAsJson(calls))],
   });
-  return rows.map(toExecution);
+  return rows.map(submitted);
 }
 
 /**
