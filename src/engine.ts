@@ -676,7 +676,7 @@ export interface Engine<Tx = unknown> {
    * Pause a queue (paused true) or resume it. Paused, it still takes calls, which wait PENDING;
    * none of its calls starts in any worker process from the pause on (calls running then end as
    * they would; one already claimed is given back). Cancels, retries' backoff, batches and
-   * schedules go on. NOT_FOUND for an unknown queue; NOT_SUPPORTED on SQL Server.
+   * schedules go on. NOT_FOUND for an unknown queue.
    */
   pauseQueue(name: string, paused: boolean): Promise<QueueInfo>;
   /** Executions RUNNING now (optionally of one queue), longest-running first, with elapsed time by the database clock. */

@@ -1413,6 +1413,26 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       });
     });
 
+    describe('pausing a queue', () => {
+      it('a paused queue takes calls and starts none; a cancel goes on and is heard; the resume runs the rest once; an unknown queue is NOT_FOUND', async () => {
+        const queue = unique('pz').replace(/[^A-Za-z0-9_.:-]/g, '').slice(0, 60);
+        await engine.configureQueue(queue, 2);
+        const paused = await engine.pauseQueue(queue, true);
+        assert.equal(paused.paused, true);
+        const tokens = (await submit([1, 2, 3].map((n) => ({ procedure: 'demo.add', arguments: { a: n, b: n }, queue })))).map((e) => e.token);
+        await new Promise((resolve) => setTimeout(resolve, 2000));
+        assert.deepEqual((await engine.getExecutions(tokens)).map((e) => e.status), ['PENDING', 'PENDING', 'PENDING'], 'none started while paused');
+        const inOrder = (rows: Execution[]) => tokens.map((token) => rows.find((e) => e.token === token)!);
+        assert.equal((await engine.cancelExecution(tokens[2])).status, 'CANCELLED');
+        assert.equal((await engine.listQueues()).find((q) => q.name === queue)?.paused, true);
+        const resumed = await engine.pauseQueue(queue, false);
+        assert.equal(resumed.paused, false);
+        const ended = inOrder(await finished(tokens, 30_000));
+        assert.deepEqual(ended.map((e) => [e.status, e.attempts]), [['SUCCEEDED', 1], ['SUCCEEDED', 1], ['CANCELLED', 0]]);
+        await assert.rejects(engine.pauseQueue(`${queue}-nope`, true), isCode('NOT_FOUND'));
+      });
+    });
+
     describe('idempotency keys', () => {
       const call = (key: string, submittedBy: string | null, args: Record<string, unknown> = { a: 1, b: 2 }): InvokeCall => ({
         procedure: 'demo.add', arguments: args, submittedBy, idempotencyKey: key,

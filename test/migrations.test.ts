@@ -46,6 +46,7 @@ const LANDED: Record<string, string> = {
   'postgres/0019_queue_pause.sql': '171bd775730f4afb2c8db07b872d40048a23d9212c0e3393574ccd6ddb05c67f',
   'postgres/0020_batch_idempotency_keys.sql': 'c444ed476d735d7c551ed97f44c53cac90edfd92246873a79d3915acc6b90229',
   'mssql/0018_batch_idempotency_keys.sql': '35c6ab9a10914fb4a0f4e9dbf7697a6f48bbf127198b37a021dd103f92703508',
+  'mssql/0019_queue_pause.sql': 'c6f5bd4d06a18b5fa01393ab53bf013430b965bfb902c30f2d00297f6e01462f',
 };
 
 /**
@@ -55,7 +56,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
-  'mssql/procedures': { revision: 7, sha256: '2e0c0edaa79e7337d12afb5c5ffb6c6a92a9346b65346f947ede237d264cb317' },
+  'mssql/procedures': { revision: 7, sha256: '0f1e53a7c3f604a951fd7274825cec7fe5464941bb119f9bf2aa787476673302' },
 };
 
 describe('routines revision', () => {

@@ -407,3 +407,37 @@ describe('mssql queues: configureQueue', () => {
     assert.ok(lookup < text.indexOf('OBJECT_ID('), 'before the reader, the queue and the service are looked for');
   });
 });
+
+describe('mssql queues: pausing (0019_queue_pause.sql; the conformance suite runs it with MSSQL_URL)', () => {
+  it("the reader starts no call of a paused queue: it reads the flag under the call's lock, arms the timer and writes nothing; a lost run, a cancel and the rules before them still apply", async () => {
+    const reader = codeOnly(await procedure('usp_AsyncExecActivated'));
+    const read = reader.indexOf('SELECT @paused = paused FROM asyncexec.AsyncExecQueues WHERE name = @queue;');
+    assert.ok(read > reader.indexOf('FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)'), 'read after the call, under its lock');
+    const plain = withoutComments(await procedure('usp_AsyncExecActivated'));
+    const cases = plain.slice(plain.indexOf('SET @newStatus = CASE', read), plain.indexOf("ELSE 'RUNNING' END;", read));
+    assert.match(cases, /WHEN @status IN \('PENDING', 'WAITING'\) AND @paused = 1 THEN 'PAUSED'\s*$/, 'the last rule before RUNNING');
+    for (const rule of ['WHEN @cancel = 1', 'THEN \'FAILED\'', 'AND @transactional = 0']) {
+      assert.ok(cases.indexOf(rule) >= 0 && cases.indexOf(rule) < cases.indexOf('AND @paused = 1'), `${rule} comes first`);
+    }
+    assert.match(plain, /ELSE IF @newStatus = 'PAUSED'\s+SET @timer = 300;\s+ELSE\s+BEGIN\s+SET @now = SYSUTCDATETIME\(\);\s+UPDATE asyncexec\.AsyncExecResults/, 'a timer, and no UPDATE');
+    assert.match(plain, /@transient = 0, @paused = NULL;/, 'cleared for each message');
+  });
+
+  it('pause and resume take the configuration lock, commit the flag before any wake-up, and wake only waiting calls with an open dialog, in chunks, within a budget', async () => {
+    const text = withoutComments(await procedure('usp_AsyncExecPauseQueue'));
+    assert.match(text, /SET XACT_ABORT ON;/);
+    const lock = text.indexOf("EXEC @lock = sys.sp_getapplock @Resource = N'asyncexec/configure-queue', @LockMode = 'Exclusive',");
+    const update = text.indexOf('UPDATE asyncexec.AsyncExecQueues SET paused = @paused WHERE name = @name;');
+    const notFound = text.indexOf('THROW 50006, @message, 1;');
+    const commit = text.indexOf('COMMIT TRANSACTION;');
+    const send = text.indexOf('SEND ON CONVERSATION @initiator MESSAGE TYPE [asyncexec/Request] (@body);');
+    assert.ok(lock > 0 && update > lock && notFound > update && commit > notFound && send > commit, 'lock, flag, refusal, commit, then wake-ups');
+    assert.match(text, /WHERE e\.queue = @name AND e\.id > @after AND e\.held = 0 AND c\.state IN \('SO', 'CO'\)\s+AND \(e\.status = 'PENDING' OR \(e\.status = 'WAITING' AND e\.run_at <= SYSUTCDATETIME\(\)\)\)/);
+    assert.match(text, /WHILE @paused = 0 AND SYSUTCDATETIME\(\) < @deadline/);
+    assert.match(text, /BEGIN CATCH\s+IF XACT_STATE\(\) <> 0\s+ROLLBACK TRANSACTION;\s+INSERT asyncexec\.AsyncExecErrors/);
+    // the same resource as usp_AsyncExecCreateQueue's: one change of a queue's settings at a time
+    assert.match(withoutComments(await procedure('usp_AsyncExecCreateQueue')), /@Resource = N'asyncexec\/configure-queue'/);
+    assert.match(await file('procedures/ORDER'), /^usp_AsyncExecPauseQueue\.sql$/m);
+    assert.match(codeOnly(await file('0019_queue_pause.sql')), /ALTER TABLE asyncexec\.AsyncExecQueues ADD paused bit NOT NULL CONSTRAINT DF_AsyncExecQueues_paused DEFAULT \(0\);/);
+  });
+});

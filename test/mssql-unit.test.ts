@@ -1231,11 +1231,11 @@ describe('mssql: batches (TypeScript)', () => {
 describe('mssql: monitoring', () => {
   it('reports recent outcomes by queue and echoes the window', () => {
     const info = toQueueInfo(
-      { name: 'default', concurrency: 10, waiting: 1, pending: 2, running: 3, recent_succeeded: 4, recent_failed: 5, recent_cancelled: 6 },
+      { name: 'default', concurrency: 10, paused: true, waiting: 1, pending: 2, running: 3, recent_succeeded: 4, recent_failed: 5, recent_cancelled: 6 },
       3600,
     );
     assert.deepEqual(info, {
-      name: 'default', concurrency: 10, paused: false, groupCommits: { size: 1, maxMs: 50 }, waiting: 1, pending: 2, running: 3,
+      name: 'default', concurrency: 10, paused: true, groupCommits: { size: 1, maxMs: 50 }, waiting: 1, pending: 2, running: 3,
       recent: { succeeded: 4, failed: 5, cancelled: 6 }, recentSeconds: 3600,
     });
   });

@@ -135,7 +135,7 @@ builder.mutationFields((t) => ({
   pauseQueue: t.field({
     type: ConfigureQueuePayload,
     description:
-      'Start no more calls of a queue, in any worker process, until resumeQueue. Its calls are still taken and wait PENDING; calls running now end as they would; cancels, retries, batches and schedules go on. Admins only. NOT_FOUND for an unknown queue; PostgreSQL only (NOT_SUPPORTED on SQL Server).',
+      'Start no more calls of a queue, in any worker process, until resumeQueue. Its calls are still taken and wait PENDING; calls running now end as they would; cancels, retries, batches and schedules go on. Admins only. NOT_FOUND for an unknown queue.',
     args: { name: t.arg.string({ required: true }) },
     resolve: (_root, { name }, context) => queueSwitch('pauseQueue', context, name, true),
   }),

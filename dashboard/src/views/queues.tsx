@@ -72,7 +72,7 @@ export function QueueCounts({ queues, settings, edit, onSaved }: { queues: Queue
   );
 }
 
-/** An admin's Pause / Resume of a queue, asked for once more before it is sent (SQL Server's refusal is shown in place). */
+/** An admin's Pause / Resume of a queue, asked for once more before it is sent (a refusal is shown in place). */
 function PauseQueue({ queue, onDone }: { queue: Queue; onDone?: () => void }) {
   const mutation = queue.paused ? 'resumeQueue' : 'pauseQueue';
   return (
@@ -174,7 +174,7 @@ export function Queues() {
         <ErrorNote error={queues.error} />
         {queues.data ? <QueueCounts queues={queues.data.queues} settings edit={caps?.admin} onSaved={queues.reload} /> : <p class="muted">Loading…</p>}
         <p class="muted">Grouped commits: each worker of the queue runs up to that many short calls in one transaction, and none joins a group begun more than that many ms ago; off, each call commits alone. PostgreSQL only.</p>
-        <p class="muted">A paused queue takes calls, which wait PENDING; none starts until it is resumed. Calls running when it is paused end as they would. PostgreSQL only.</p>
+        <p class="muted">A paused queue takes calls, which wait PENDING; none starts until it is resumed. Calls running when it is paused end as they would.</p>
         {caps?.admin ? null : <p class="muted">Only admins change a queue's concurrency and grouped commits, and pause or resume it.</p>}
       </Section>
       {caps?.admin ? (

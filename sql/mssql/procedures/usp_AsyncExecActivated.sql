@@ -14,7 +14,8 @@ BEGIN
             @status varchar(10), @runAt datetime2(3), @recoveries int, @cancel bit, @lease int, @lock int, @locked bit,
             @run bit, @end bit, @timer int, @resource nvarchar(255), @cursor varchar(18), @newStatus varchar(10), @reply xml,
             @errNumber int, @errMessage nvarchar(4000), @now datetime2(3), @concurrency int, @batchId uniqueidentifier,
-            @batchStatus varchar(10), @rows int, @transactional bit, @registeredTransactional bit, @transient bit;
+            @batchStatus varchar(10), @rows int, @transactional bit, @registeredTransactional bit, @transient bit,
+            @paused bit;
     DECLARE @changed TABLE (v binary(8) NULL, status varchar(10) NULL);
 
     SELECT @receive = N'WAITFOR (RECEIVE TOP (1) @h = conversation_handle, @type = message_type_name, @body = message_body FROM asyncexec.'
@@ -40,7 +41,7 @@ BEGIN
         SELECT @h = NULL, @type = NULL, @body = NULL, @id = NULL, @status = NULL, @run = 0, @end = 0, @timer = NULL,
                @locked = 0, @resource = NULL, @errNumber = NULL, @errMessage = NULL, @newStatus = NULL, @cancel = NULL,
                @batchId = NULL;
-        SELECT @transactional = NULL, @registeredTransactional = NULL, @transient = 0;
+        SELECT @transactional = NULL, @registeredTransactional = NULL, @transient = 0, @paused = NULL;
         DELETE @changed;
         BEGIN TRY
             BEGIN TRANSACTION;
@@ -165,6 +166,9 @@ BEGIN
                            @transactional = COALESCE(transactional, 1)
                     FROM asyncexec.AsyncExecResults WITH (UPDLOCK, ROWLOCK)
                     WHERE id = @id;
+                    -- the queue paused (usp_AsyncExecPauseQueue), as last committed: a pause that
+                    -- commits after this read lets this one start, as a claim already under way
+                    SELECT @paused = paused FROM asyncexec.AsyncExecQueues WHERE name = @queue;
                     SET @newStatus = CASE WHEN @status IS NULL OR @status NOT IN ('PENDING', 'WAITING', 'RUNNING') THEN NULL
                                           WHEN @status = 'WAITING' AND @runAt > SYSUTCDATETIME() THEN 'WAITING'
                                           -- cancel asked for and its session gone (killed): never run it again
@@ -173,6 +177,11 @@ BEGIN
                                           -- a non-transactional run lost mid-call may have committed part of
                                           -- its work: never run it again (RegisterOptions.transactional)
                                           WHEN @status = 'RUNNING' AND @transactional = 0 THEN 'FAILED'
+                                          -- not started while its queue is paused: nothing is written, and the
+                                          -- dialog's timer looks again (usp_AsyncExecPauseQueue's resume sends
+                                          -- a request at once). A lost run (RUNNING) is started again: it had
+                                          -- begun before, as a call running at the pause ends as it would.
+                                          WHEN @status IN ('PENDING', 'WAITING') AND @paused = 1 THEN 'PAUSED'
                                           ELSE 'RUNNING' END;
                     IF @newStatus IS NULL
                     BEGIN
@@ -183,6 +192,10 @@ BEGIN
                     ELSE IF @newStatus = 'WAITING'
                         SET @timer = CAST(CEILING(IIF(DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt) > 86400000, 86400000,
                                                       DATEDIFF_BIG(millisecond, SYSUTCDATETIME(), @runAt)) / 1000.0) AS int);
+                    ELSE IF @newStatus = 'PAUSED'
+                        -- a safety net only: the resume wakes the call at once. Long, so that a long
+                        -- pause of many calls costs their reader one message each every 5 minutes.
+                        SET @timer = 300;
                     ELSE
                     BEGIN
                         SET @now = SYSUTCDATETIME();

@@ -49,6 +49,7 @@ import {
   createQueue,
   listProcedures,
   listQueues,
+  pauseQueue,
   registerProcedure,
   unregisterProcedure,
   type MssqlRegisterOptions,
@@ -294,12 +295,11 @@ export class MssqlEngine implements Engine<sql.Transaction> {
     return configureQueue(this.pool, name, concurrency, groupCommits);
   }
   /**
-   * Not on SQL Server yet. A reader of a paused queue would have to go on receiving its
-   * queue's other messages (a cancel's outcome, the lease timers) while leaving the requests
-   * where they are; turning activation off would hold those up as well (docs/mssql.md).
+   * Pause or resume a queue: its reader goes on receiving every message of the queue but starts
+   * none of its calls while paused (usp_AsyncExecActivated); a resume wakes them (docs/mssql.md).
    */
-  async pauseQueue(_name: string, _paused: boolean): Promise<QueueInfo> {
-    throw new EngineError('NOT_SUPPORTED', 'pausing a queue is not supported on SQL Server yet (docs/mssql.md); lower its concurrency meanwhile');
+  pauseQueue(name: string, paused: boolean): Promise<QueueInfo> {
+    return pauseQueue(this.pool, name, paused);
   }
   /**
    * WAITING/PENDING → CANCELLED at once; RUNNING → FORBIDDEN unless allowKill, else the

@@ -125,6 +125,7 @@ export async function unregisterProcedure(pool: sql.ConnectionPool, name: string
 export interface QueueRow {
   name: string;
   concurrency: number;
+  paused: boolean;
   waiting: number;
   pending: number;
   running: number;
@@ -157,7 +158,7 @@ export async function listQueues(pool: sql.ConnectionPool, recentSeconds: number
   request.input('recentSeconds', sql.Int, seconds);
   const result = await request.query<QueueRow>(
     `DECLARE @since datetime2(3) = DATEADD(second, -@recentSeconds, SYSUTCDATETIME());
-     SELECT q.name, q.concurrency,
+     SELECT q.name, q.concurrency, q.paused,
             COALESCE(o.waiting, 0) AS waiting, COALESCE(o.pending, 0) AS pending, COALESCE(o.running, 0) AS running,
             COALESCE(r.succeeded, 0) AS recent_succeeded, COALESCE(r.failed, 0) AS recent_failed,
             COALESCE(r.cancelled, 0) AS recent_cancelled
@@ -186,7 +187,7 @@ export function toQueueInfo(row: QueueRow, recentSeconds: number): QueueInfo {
   return {
     name: row.name,
     concurrency: row.concurrency,
-    paused: false,
+    paused: row.paused === true,
     groupCommits: NO_GROUP_COMMITS,
     waiting: row.waiting,
     pending: row.pending,
@@ -225,6 +226,26 @@ export async function createQueue(pool: sql.ConnectionPool, name: string, concur
   } catch (error) {
     throw mapDatabaseError(error);
   }
+}
+
+/**
+ * Pause a queue or resume it (usp_AsyncExecPauseQueue: a resume wakes its waiting calls at once);
+ * returns the queue as listQueues reports it. NOT_FOUND for an unknown queue.
+ */
+export async function pauseQueue(pool: sql.ConnectionPool, name: string, paused: boolean): Promise<QueueInfo> {
+  // longer than any queue's name (nvarchar(100)), or not one: none (the driver would cut it to another name)
+  if (typeof name !== 'string' || !QUEUE_NAME.test(name)) throw new EngineError('NOT_FOUND', `no queue named ${JSON.stringify(String(name).slice(0, 200))}`);
+  const request = pool.request();
+  request.input('name', sql.NVarChar(100), name);
+  request.input('paused', sql.Bit, paused);
+  try {
+    await request.execute('asyncexec.usp_AsyncExecPauseQueue');
+  } catch (error) {
+    throw mapDatabaseError(error);
+  }
+  const [queue] = await listQueues(pool, RECENT_SECONDS, name);
+  if (!queue) throw new EngineError('NOT_FOUND', `no queue named ${JSON.stringify(name)}`);
+  return queue;
 }
 
 /**
