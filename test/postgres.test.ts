@@ -613,9 +613,14 @@ describe('a change cursor', () => {
 
 describe("a database with a DBA's strict defaults", () => {
   /** A database of its own with these defaults for every new session, the engine on it (migrated, demo installed), its lines kept. */
-  async function strictDatabase(settings: Record<string, string>) {
+  async function strictDatabase(settings: Record<string, string>, prepare = '') {
     const dbUrl = await cluster.createDatabase();
     const name = new URL(dbUrl).pathname.slice(1);
+    if (prepare) {
+      const setup = await cluster.connect(dbUrl);
+      await setup.query(prepare);
+      await setup.end();
+    }
     for (const [setting, value] of Object.entries(settings)) await sql.query(`alter database ${sql.escapeIdentifier(name)} set ${setting} = '${value}'`);
     const { logger, lines } = capturingLogger('info');
     const strict = createPostgresEngine({ connectionString: dbUrl, logger });
@@ -704,6 +709,58 @@ describe("a database with a DBA's strict defaults", () => {
       assert.equal(p.status, 'SUCCEEDED', JSON.stringify(p.error));
       assert.deepEqual(p.result?.outputParameters, { d: 2469.1356, b: '\\x0001ff', i: '2 days 04:06:08' });
       assert.deepEqual(f.result?.rows, [{ d: 1234.5678, b: '\\x00ff', i: '1 day 02:03:04' }]);
+    } finally {
+      await close();
+    }
+  });
+  it('standard_conforming_strings off: calls, keyed calls and keyed batches are submitted, and keys are checked as ever, in the service and from SQL', async () => {
+    const { strict, db, ended, close } = await strictDatabase({ standard_conforming_strings: 'off' });
+    try {
+      const [dated, keyed] = await strict.submit!([
+        // a relative date: the quick test of the arguments for dates (a regular expression) runs
+        { procedure: 'demo.date_parts', arguments: { at: 'today' } },
+        { procedure: 'demo.noop', arguments: {}, idempotencyKey: 'scs-1' },
+      ]);
+      assert.equal((await strict.submit!([{ procedure: 'demo.noop', arguments: {}, idempotencyKey: 'scs-1' }]))[0].token, keyed.token);
+      const stages = [[{ procedure: 'demo.noop', arguments: {} }], [{ procedure: 'demo.record', arguments: { tag: 'scs' } }]];
+      const batch = await strict.submitBatch(stages, { idempotencyKey: 'scs-batch' });
+      assert.equal((await strict.submitBatch(stages, { idempotencyKey: 'scs-batch' })).id, batch.id);
+      const rows = await ended([dated.token, keyed.token]);
+      assert.deepEqual(rows.map((r) => r.status), ['SUCCEEDED', 'SUCCEEDED'], JSON.stringify(rows.map((r) => r.error)));
+      // an unknown name: the registry is searched with LIKE, its wildcards escaped
+      await assert.rejects(strict.submit!([{ procedure: 'no_such', arguments: {} }]), (e: unknown) => e instanceof EngineError && e.code === 'UNKNOWN_PROCEDURE');
+      // a SQL caller's own session, with the setting off, first to run the key's check in it
+      await db.query(`select asyncproc.invoke_batch_once('sample-key', '[[{"procedure": "demo.noop"}]]')`);
+      await assert.rejects(db.query(`select asyncproc.invoke_batch_once(' x', '[[{"procedure": "demo.noop"}]]')`), { code: 'AP004' });
+    } finally {
+      await close();
+    }
+  });
+
+  it("look-alike built-ins in a schema first on the service's search_path: every queue slot is its own, and a keyed batch is told from another", async () => {
+    const { strict, ended, close } = await strictDatabase(
+      {},
+      // (a list: quoted whole, as strictDatabase quotes a value, it would be one schema's name)
+      `do $$ begin execute format('alter database %I set search_path = lookalike, public', current_database()); end $$;
+       create schema lookalike;
+       create function lookalike.hashtextextended(text, integer) returns bigint language sql immutable as 'select 42::bigint';
+       create function lookalike.convert_to(text, text) returns bytea language sql immutable as 'select ''\\x00''::bytea';
+       create function lookalike.jsonb_build_array(jsonb, text) returns jsonb language sql immutable as 'select ''[]''::jsonb';
+       grant usage on schema lookalike to public;`,
+    );
+    try {
+      await strict.configureQueue('wide', 4);
+      const calls = await strict.submit!(Array.from({ length: 8 }, () => ({ procedure: 'demo.sleep', arguments: { seconds: 0.4 }, queue: 'wide' })));
+      const rows = await ended(calls.map((c) => c.token));
+      assert.equal(peakConcurrency(rows), 4, 'four slots, not one lock for all');
+      const stages = (tag: string) => [[{ procedure: 'demo.record', arguments: { tag } }]];
+      const first = await strict.submitBatch(stages('look-1'), { idempotencyKey: 'look' });
+      await assert.rejects(strict.submitBatch(stages('look-2'), { idempotencyKey: 'look' }), (e: unknown) => e instanceof EngineError && e.code === 'IDEMPOTENCY_KEY_REUSED');
+      await assert.rejects(strict.submitBatch(stages('look-1'), { idempotencyKey: 'look', onFailure: 'CONTINUE' }), (e: unknown) => e instanceof EngineError && e.code === 'IDEMPOTENCY_KEY_REUSED');
+      assert.equal((await strict.submitBatch(stages('look-1'), { idempotencyKey: 'look' })).id, first.id);
+      const [one] = await strict.submit!([{ procedure: 'demo.add', arguments: { a: 1, b: 1 }, idempotencyKey: 'look-call' }]);
+      await assert.rejects(strict.submit!([{ procedure: 'demo.add', arguments: { a: 1, b: 2 }, idempotencyKey: 'look-call' }]), (e: unknown) => e instanceof EngineError && e.code === 'IDEMPOTENCY_KEY_REUSED');
+      assert.ok(one.token);
     } finally {
       await close();
     }

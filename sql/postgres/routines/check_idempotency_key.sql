@@ -4,8 +4,10 @@
 create or replace function asyncproc.check_idempotency_key(idempotency_key text) returns void
 language plpgsql immutable as $$
 begin
-  if length(idempotency_key) + length(regexp_replace(idempotency_key, '[^\U00010000-\U0010FFFF]', '', 'g')) not between 1 and 128
-     or idempotency_key ~ '[[:cntrl:]]|^\s|\s$' then
+  -- E'' literals: a backslash means the same whatever standard_conforming_strings the session that
+  -- first runs this has (with it off, '\s' was read as 's': a valid key was refused, ' x' taken)
+  if length(idempotency_key) + length(regexp_replace(idempotency_key, E'[^\\U00010000-\\U0010FFFF]', '', 'g')) not between 1 and 128
+     or idempotency_key ~ E'[[:cntrl:]]|^\\s|\\s$' then
     raise exception 'an idempotency key is 1 to 128 characters, none of them a control character, and no white space at either end'
       using errcode = 'AP004';
   end if;

@@ -51,7 +51,7 @@ begin
   end if;
   -- regclass: the run casts text, which takes a name only (text_regclass); its input function
   -- also takes a number (an oid), which the run would then look for as a name
-  if type_oid = 'regclass'::regtype and value #>> '{}' ~ '^\s*[0-9]+\s*$' then
+  if type_oid = 'regclass'::regtype and value #>> '{}' ~ E'^\\s*[0-9]+\\s*$' then
     return false;
   end if;
   return pg_input_is_valid(value #>> '{}', format_type(type_oid, -1));

@@ -56,9 +56,9 @@ $$;
 -- make one of them wait for the other's transaction to end (AP013), never mix their calls.
 create or replace function asyncproc.key_lock1(submitted_by text, idempotency_key text) returns integer
 language sql immutable as $$
-  select x'494B0000'::integer | ((hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0) >> 32) & 65535)::integer
+  select x'494B0000'::integer | ((pg_catalog.hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0) >> 32) & 65535)::integer
 $$;
 create or replace function asyncproc.key_lock2(submitted_by text, idempotency_key text) returns integer
 language sql immutable as $$
-  select hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0)::bit(32)::integer
+  select pg_catalog.hashtextextended(coalesce(submitted_by, '') || chr(1) || idempotency_key, 0)::bit(32)::integer
 $$;

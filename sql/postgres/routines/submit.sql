@@ -43,7 +43,9 @@ begin
     end if;
     -- the call as it was asked for, before any default or resolution is applied (run_at as an
     -- epoch: its text would follow the session's TimeZone)
-    digest := sha256(convert_to(jsonb_build_array(submit.procedure, arguments, submit.queue,
+    -- pg_catalog's functions, named: another schema of the session's search_path with exact-typed
+    -- look-alikes would otherwise make every call one digest (a probe's hostile search_path)
+    digest := pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(submit.procedure, arguments, submit.queue,
                                                   extract(epoch from submit.run_at), submit.max_attempts)::text, 'UTF8'));
     -- Every transaction that submits with the key holds this lock until it ends, so under it no
     -- other is inserting the key. A caller's own transaction (invoke_once, the library's invoke,
@@ -75,7 +77,7 @@ begin
       hint = (select coalesce('Registered names are schema-qualified: did you mean ' || string_agg(r.name, ' or ' order by r.name) || '?', '')
                 from asyncproc.procedures r
                where r.unregistered_at is null and position('.' in submit.procedure) = 0
-                 and r.name like '%.' || replace(replace(replace(submit.procedure, '\', '\\'), '_', '\_'), '%', '\%'));
+                 and r.name like '%.' || replace(replace(replace(submit.procedure, E'\\', E'\\\\'), '_', E'\\_'), '%', E'\\%'));
   end if;
   if caller_roles is not null and cardinality(registered.roles) > 0
      and not (registered.roles && caller_roles or 'admin' = any(caller_roles)) then
@@ -121,7 +123,8 @@ begin
   -- form: a date and time '20240601T120000', or a string that is a date '20240601' or a time
   -- '120000' alone). Any six digits in a row sent every call with an id past 99,999 down the
   -- slow path, 70% more CPU a submit
-  if arguments::text ~* '(now|today|tomorrow|yesterday)|\d[-/.:]\d|\d{8}T\d|"\d{6}"|"\d{8}"|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)' then
+  -- (E'': the backslashes mean the same whatever the session's standard_conforming_strings)
+  if arguments::text ~* E'(now|today|tomorrow|yesterday)|\\d[-/.:]\\d|\\d{8}T\\d|"\\d{6}"|"\\d{8}"|(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)' then
     arguments := asyncproc.resolve_relative_times(arguments, routine);
   end if;
 

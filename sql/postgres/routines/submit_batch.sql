@@ -40,12 +40,13 @@ begin
     perform asyncproc.check_idempotency_key(idempotency_key);
     -- the batch as it was asked for: each call as submit() digests a single call's (not how its
     -- JSON is written, nor the caller's roles, which the service adds), in order, and on_failure
-    digest := sha256(convert_to(jsonb_build_array(
-      (select jsonb_agg((select jsonb_agg(jsonb_build_array(c.call ->> 'procedure', coalesce(c.call -> 'arguments', '{}'), c.call ->> 'queue',
+    -- (pg_catalog's functions, named: as submit's digest, a search_path's look-alikes must not decide it)
+    digest := pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.jsonb_build_array(
+      (select pg_catalog.jsonb_agg((select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(c.call ->> 'procedure', coalesce(c.call -> 'arguments', '{}'), c.call ->> 'queue',
                                                             extract(epoch from (c.call ->> 'runAt')::timestamptz),
                                                             (c.call ->> 'maxAttempts')::integer) order by c.n)
-                           from jsonb_array_elements(st.calls) with ordinality c (call, n)) order by st.n)
-         from jsonb_array_elements(stages) with ordinality st (calls, n)),
+                           from pg_catalog.jsonb_array_elements(st.calls) with ordinality c (call, n)) order by st.n)
+         from pg_catalog.jsonb_array_elements(stages) with ordinality st (calls, n)),
       submit_batch.on_failure)::text, 'UTF8'));
     -- held by every transaction that submits a batch with the key until it ends, as in submit()
     if key_wait then

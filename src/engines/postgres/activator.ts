@@ -33,7 +33,10 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
   retentionMs?: number;
 }
 
-const SLOT_KEY = `select pg_try_advisory_lock(hashtextextended($1, 0)) as ok`;
+// pg_catalog's, named: a function of another schema of the role's search_path with the exact
+// argument types (hashtextextended(text, integer)) would be chosen over it for the literal 0, and
+// every slot of every queue would then lock one key (found by a probe of a hostile search_path)
+const SLOT_KEY = `select pg_catalog.pg_try_advisory_lock(pg_catalog.hashtextextended($1, 0)) as ok`;
 /** The time one housekeeping round may spend purging. */
 const PURGE_BUDGET_MS = 2000;
 /**
@@ -258,7 +261,7 @@ class QueueWorkers {
   private async acquireSlot(client: SlotClient): Promise<boolean> {
     if (client.slot !== undefined && client.slot < this.concurrency) return true;
     if (client.slot !== undefined) {
-      await client.query('select pg_advisory_unlock(hashtextextended($1, 0))', [slotName(this.name, client.slot)]);
+      await client.query('select pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended($1, 0))', [slotName(this.name, client.slot)]);
       client.slot = undefined;
     }
     for (let slot = 0; slot < this.concurrency; slot++) {
