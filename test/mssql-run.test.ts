@@ -423,18 +423,26 @@ describe('mssql queues: pausing (0019_queue_pause.sql; the conformance suite run
     assert.match(plain, /@transient = 0, @paused = NULL;/, 'cleared for each message');
   });
 
-  it('pause and resume take the configuration lock, commit the flag before any wake-up, and wake only waiting calls with an open dialog, in chunks, within a budget', async () => {
+  it('pause and resume take the configuration lock and commit the flag first; a resume of a paused queue then wakes its waiting calls with an open dialog, each SEND alone under a savepoint, within a budget', async () => {
     const text = withoutComments(await procedure('usp_AsyncExecPauseQueue'));
+    assert.match(text, /WITH EXECUTE AS OWNER/, 'the dialogs are visible to it whoever calls');
     assert.match(text, /SET XACT_ABORT ON;/);
     const lock = text.indexOf("EXEC @lock = sys.sp_getapplock @Resource = N'asyncexec/configure-queue', @LockMode = 'Exclusive',");
-    const update = text.indexOf('UPDATE asyncexec.AsyncExecQueues SET paused = @paused WHERE name = @name;');
+    const update = text.indexOf('UPDATE asyncexec.AsyncExecQueues SET paused = @paused OUTPUT deleted.paused INTO @was (paused) WHERE name = @name;');
     const notFound = text.indexOf('THROW 50006, @message, 1;');
     const commit = text.indexOf('COMMIT TRANSACTION;');
+    const onlyResume = text.indexOf('IF @paused = 1 OR NOT EXISTS (SELECT 1 FROM @was WHERE paused = 1)');
+    const abortOff = text.indexOf('SET XACT_ABORT OFF;');
+    const deadline = text.indexOf('SET @deadline = DATEADD(millisecond, @budgetMs, SYSUTCDATETIME());');
     const send = text.indexOf('SEND ON CONVERSATION @initiator MESSAGE TYPE [asyncexec/Request] (@body);');
-    assert.ok(lock > 0 && update > lock && notFound > update && commit > notFound && send > commit, 'lock, flag, refusal, commit, then wake-ups');
-    assert.match(text, /WHERE e\.queue = @name AND e\.id > @after AND e\.held = 0 AND c\.state IN \('SO', 'CO'\)\s+AND \(e\.status = 'PENDING' OR \(e\.status = 'WAITING' AND e\.run_at <= SYSUTCDATETIME\(\)\)\)/);
-    assert.match(text, /WHILE @paused = 0 AND SYSUTCDATETIME\(\) < @deadline/);
-    assert.match(text, /BEGIN CATCH\s+IF XACT_STATE\(\) <> 0\s+ROLLBACK TRANSACTION;\s+INSERT asyncexec\.AsyncExecErrors/);
+    assert.ok(lock > 0 && update > lock && notFound > update && commit > notFound, 'lock, flag, refusal, commit');
+    assert.ok(onlyResume > commit && abortOff > onlyResume && deadline > abortOff && send > deadline, 'then, only for a real resume, the wake-ups, timed from the commit');
+    assert.match(text, /WHERE e\.queue = @name AND e\.id > @after AND e\.held = 0 AND e\.initiator_handle IS NOT NULL\s+AND \(e\.status = 'PENDING' OR \(e\.status = 'WAITING' AND e\.run_at <= SYSUTCDATETIME\(\)\)\)/);
+    // the dialog's state read again just before its SEND, which is made alone under a savepoint
+    assert.match(text, /SELECT @state = state FROM sys\.conversation_endpoints WHERE conversation_handle = @initiator;\s+IF @state NOT IN \('SO', 'CO'\) OR @state IS NULL\s+CONTINUE;/);
+    assert.match(text, /SAVE TRANSACTION usp_AsyncExecPauseQueue;\s+BEGIN TRY\s+SEND ON CONVERSATION/);
+    assert.match(text, /ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;\s+INSERT asyncexec\.AsyncExecErrors/);
+    assert.match(text, /IF @paused IS NULL OR @chunk IS NULL OR @chunk < 1 OR @budgetMs IS NULL OR @budgetMs < 1/);
     // the same resource as usp_AsyncExecCreateQueue's: one change of a queue's settings at a time
     assert.match(withoutComments(await procedure('usp_AsyncExecCreateQueue')), /@Resource = N'asyncexec\/configure-queue'/);
     assert.match(await file('procedures/ORDER'), /^usp_AsyncExecPauseQueue\.sql$/m);
