@@ -737,6 +737,25 @@ describe("a database with a DBA's strict defaults", () => {
     }
   });
 
+  it("DateStyle 'SQL, DMY' and a far time zone: times are read back, the housekeeping runs, and a date in the arguments is still read day first", async () => {
+    const { strict, ended, close } = await strictDatabase({ DateStyle: 'SQL, DMY', TimeZone: 'Pacific/Chatham' });
+    try {
+      const before = Date.now();
+      const [call] = await strict.submit!([{ procedure: 'demo.date_parts', arguments: { at: '01/02/2024' } }]);
+      assert.ok(Math.abs(call.submittedAt.getTime() - before) < 60_000, String(call.submittedAt));
+      const [row] = await ended([call.token]);
+      assert.equal(row.status, 'SUCCEEDED', JSON.stringify(row.error));
+      assert.deepEqual(row.result?.outputParameters, { month: 2, day: 1 }, 'the database order of fields: 1 February');
+      assert.ok(row.finishedAt && row.finishedAt.getTime() >= row.submittedAt.getTime());
+      // the housekeeping reads the database's clock: a call due in a second is released by it
+      const [due] = await strict.submit!([{ procedure: 'demo.noop', arguments: {}, runAt: new Date(Date.now() + 1000) }]);
+      assert.equal((await ended([due.token]))[0].status, 'SUCCEEDED');
+      assert.ok((await strict.listExecutions({}, { first: 5 })).items.length >= 2);
+    } finally {
+      await close();
+    }
+  });
+
   it("look-alike built-ins in a schema first on the service's search_path: every queue slot is its own, and a keyed batch is told from another", async () => {
     const { strict, ended, close } = await strictDatabase(
       {},

@@ -43,6 +43,21 @@ export async function liftSessionLimits(client: Pick<pg.Client, 'query'>): Promi
   await client.query(LIFT_SESSION_LIMITS);
 }
 
+/**
+ * For the connections whose timestamps the service reads as text (the engine's pool): dates and
+ * times written in ISO 8601, the only style the driver parses. A database default of
+ * DateStyle = 'SQL, DMY' made every read of a time fail (and the activator's housekeeping with
+ * it). The order of a date's fields (DMY, MDY, YMD) stays the database's: it decides how a date
+ * written like 01/02/2024 is read, in a call's arguments at submit among others. It cannot be set in
+ * the startup packet: 'ISO' alone there takes the server's order, not the database's. Worker
+ * sessions keep the database's style whole: what a procedure writes as text is its own.
+ */
+const ISO_DATES = `select set_config('DateStyle', 'ISO, ' || split_part(current_setting('DateStyle'), ', ', 2), false)`;
+
+export async function isoDates(client: Pick<pg.Client, 'query'>): Promise<void> {
+  await client.query(ISO_DATES);
+}
+
 /** Client side of the keepalive: the first probe after this long idle. */
 const KEEPALIVE_INITIAL_DELAY_MS = 10_000;
 

@@ -23,7 +23,7 @@ import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
-import { connectionConfig, liftSessionLimits } from './connection.js';
+import { connectionConfig, isoDates, liftSessionLimits } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, purgeHorizon, readChanges } from './executions.js';
 import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
 import { isTransient } from './errors.js';
@@ -85,7 +85,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       application_name: 'asyncproc',
       // awaited by the pool before it hands the new connection out (a query queued beside the
       // first one on a 'connect' event is deprecated by pg, and goes in pg 9)
-      onConnect: (client) => liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits')),
+      onConnect: async (client) => {
+        await liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits'));
+        await isoDates(client);
+      },
     });
     // the error without the pool's `client` on it (pg-pool attaches the whole connection: a page of JSON a line)
     this.pool.on('error', (error) =>
