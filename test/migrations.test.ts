@@ -56,7 +56,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: 'f76b7a97a981febe6101f6fddba27a0679b4a7abe357884bd4b14b09fdf1af6c' },
-  'mssql/procedures': { revision: 7, sha256: '97ba4862a558088ce01ccbfc9cb00f01eae2ac07422522560ef1485d96ac806c' },
+  'mssql/procedures': { revision: 7, sha256: 'd5327b376b145e24e9f580f0669065b9ed0990256da417a7dd6ad794b4018de5' },
 };
 
 describe('routines revision', () => {

@@ -103,17 +103,15 @@ BEGIN
                 SET @sent += 1;
             END TRY
             BEGIN CATCH
+                -- doomed: only a full rollback is possible, and the calls of this chunk wait for their timers
                 IF XACT_STATE() = -1
-                BEGIN
-                    -- doomed: only a full rollback is possible; the calls of this chunk wait for their timers
                     ROLLBACK TRANSACTION;
-                    INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
-                    VALUES (@name, @id, @initiator, ERROR_NUMBER(), ERROR_MESSAGE());
-                    RETURN;
-                END;
-                ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;
+                ELSE
+                    ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;
                 INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
                 VALUES (@name, @id, @initiator, ERROR_NUMBER(), ERROR_MESSAGE());
+                IF @@TRANCOUNT = 0
+                    RETURN;
             END CATCH;
         END;
         COMMIT TRANSACTION;
