@@ -634,6 +634,7 @@ describe('signing in', () => {
   it('asks for credentials, refuses bad ones with a clear message, and signs in with a JWT', async () => {
     const { page, errors } = await open(secured);
     await shows(page, '.signin', 'asks for a JWT or an API key');
+    assert.doesNotMatch(await text(page, '.signin'), /Signed out/, 'never signed in: not "signed out"');
     await signIn(page, 'not-a-jwt');
     await shows(page, '.signin [role="alert"]', /Signed out: .*(JWT|token)/i);
     await signIn(page, await jwt('olga', ['operator']));

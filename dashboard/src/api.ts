@@ -29,6 +29,14 @@ export function signIn(typed: string) {
   signedOut.set(null);
 }
 
+/**
+ * The service refused the credentials sent, or asked for some: "Signed out: why" to someone who
+ * was signed in, the service's request to someone who never was.
+ */
+function refusedCredentials(why: string) {
+  signOut(credential.get() ? `Signed out: ${why}` : 'This service asks for a JWT or an API key.');
+}
+
 /** Back to the sign-in form, saying why. */
 export function signOut(reason: string) {
   sessionStorage.removeItem(CREDENTIAL);
@@ -54,7 +62,7 @@ interface GraphQLResponse<T> {
 function failure(errors: NonNullable<GraphQLResponse<unknown>['errors']>): ApiError {
   const first = errors[0]!;
   const code = first.extensions?.code ?? 'ERROR';
-  if (code === 'UNAUTHENTICATED') signOut(credential.get() ? `Signed out: ${first.message}` : 'This service asks for a JWT or an API key.');
+  if (code === 'UNAUTHENTICATED') refusedCredentials(first.message);
   return new ApiError(code, first.message);
 }
 
@@ -72,7 +80,7 @@ export async function gql<T>(query: string, variables?: Record<string, unknown>)
   const body = (await response.json().catch(() => ({}))) as GraphQLResponse<T>;
   if (body.errors?.length) throw failure(body.errors);
   if (response.status === 401) {
-    signOut('Signed out: the service asks for credentials');
+    refusedCredentials('the service asks for credentials');
     throw new ApiError('UNAUTHENTICATED', 'authentication required');
   }
   if (!response.ok || !body.data) throw new ApiError('HTTP', `the service answered ${response.status}`);
@@ -100,7 +108,7 @@ function socket(): Client {
       connected: () => connected.set(true),
       closed: (event) => {
         connected.set(false);
-        if (refused(event)) signOut(`Signed out: ${(event as CloseEvent).reason || 'the service refused the credentials'}`);
+        if (refused(event)) refusedCredentials((event as CloseEvent).reason || 'the service refused the credentials');
       },
     },
   }));
