@@ -756,8 +756,8 @@ describe("a database with a DBA's strict defaults", () => {
     }
   });
 
-  it("look-alike built-ins in a schema first on the service's search_path: every queue slot is its own, and a keyed batch is told from another", async () => {
-    const { strict, ended, close } = await strictDatabase(
+  it("look-alike built-ins in a schema first on the service's search_path: every queue slot is its own, and a keyed batch is told from another", async (t) => {
+    const { strict, db, ended, close } = await strictDatabase(
       {},
       // (a list: quoted whole, as strictDatabase quotes a value, it would be one schema's name)
       `do $$ begin execute format('alter database %I set search_path = lookalike, public', current_database()); end $$;
@@ -781,6 +781,12 @@ describe("a database with a DBA's strict defaults", () => {
             return await strict.submitBatch(stages(tag), { idempotencyKey: 'look', ...options });
           } catch (error) {
             if (!(error instanceof EngineError && error.code === 'IDEMPOTENCY_KEY_IN_USE') || Date.now() > deadline) throw error;
+            // who held it, for whoever reads a run where this happens
+            const { rows } = await db.query(
+              `select l.pid, l.classid, l.objid, l.objsubid, a.application_name, a.state, left(a.query, 160) as query
+                 from pg_locks l join pg_stat_activity a using (pid) where l.locktype = 'advisory' and l.granted`,
+            );
+            t.diagnostic(`IDEMPOTENCY_KEY_IN_USE for ${tag}; advisory locks held: ${JSON.stringify(rows)}`);
           }
         }
       };
