@@ -441,7 +441,8 @@ describe('mssql queues: pausing (0019_queue_pause.sql; the conformance suite run
     // the dialog's state read again just before its SEND, which is made alone under a savepoint
     assert.match(text, /SELECT @state = state FROM sys\.conversation_endpoints WHERE conversation_handle = @initiator;\s+IF @state NOT IN \('SO', 'CO'\) OR @state IS NULL\s+CONTINUE;/);
     assert.match(text, /SAVE TRANSACTION usp_AsyncExecPauseQueue;\s+BEGIN TRY\s+SEND ON CONVERSATION/);
-    assert.match(text, /ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;\s+INSERT asyncexec\.AsyncExecErrors/);
+    assert.match(text, /ELSE IF XACT_STATE\(\) = 1\s+ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;\s+INSERT asyncexec\.AsyncExecErrors/, 'to the savepoint only while the transaction is open');
+    assert.match(text, /IF @@TRANCOUNT = 0\s+RETURN;\s+END CATCH;/, 'no transaction left: the wake-ups stop');
     assert.match(text, /IF @paused IS NULL OR @chunk IS NULL OR @chunk < 1 OR @budgetMs IS NULL OR @budgetMs < 1/);
     // the same resource as usp_AsyncExecCreateQueue's: one change of a queue's settings at a time
     assert.match(withoutComments(await procedure('usp_AsyncExecCreateQueue')), /@Resource = N'asyncexec\/configure-queue'/);

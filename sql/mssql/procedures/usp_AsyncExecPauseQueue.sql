@@ -103,10 +103,11 @@ BEGIN
                 SET @sent += 1;
             END TRY
             BEGIN CATCH
-                -- doomed: only a full rollback is possible, and the calls of this chunk wait for their timers
+                -- doomed: only a full rollback is possible, and the calls of this chunk wait for their timers;
+                -- an error that ended the transaction itself (XACT_STATE() = 0) leaves no savepoint to return to
                 IF XACT_STATE() = -1
                     ROLLBACK TRANSACTION;
-                ELSE
+                ELSE IF XACT_STATE() = 1
                     ROLLBACK TRANSACTION usp_AsyncExecPauseQueue;
                 INSERT asyncexec.AsyncExecErrors (queue, execution_id, conversation_handle, error_number, error_message)
                 VALUES (@name, @id, @initiator, ERROR_NUMBER(), ERROR_MESSAGE());
