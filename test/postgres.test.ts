@@ -773,8 +773,10 @@ describe("a database with a DBA's strict defaults", () => {
       const rows = await ended(calls.map((c) => c.token));
       assert.equal(peakConcurrency(rows), 4, 'four slots, not one lock for all');
       const stages = (tag: string) => [[{ procedure: 'demo.record', arguments: { tag } }]];
-      // as a client does: IDEMPOTENCY_KEY_IN_USE is sent again shortly (one full-suite run met it here once, right after
-      // the first batch's commit; a key held for good still fails the test, after 5 s)
+      // as a client does: IDEMPOTENCY_KEY_IN_USE is sent again shortly. A refusal reaches the caller when the database
+      // reports it, a moment before that transaction's abort lets go of the key's lock (node-pg rejects at the
+      // ErrorResponse, not at ReadyForQuery), so a request sent at once after one can find the key still held; a key
+      // held for good still fails the test, after 5 s
       const send = async (tag: string, options: { onFailure?: 'CANCEL' | 'CONTINUE' } = {}) => {
         for (let deadline = Date.now() + 5000; ; await sleep(50)) {
           try {
