@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
+import { readFile } from 'node:fs/promises';
 import { fileURLToPath } from 'node:url';
 import { after, before, describe, it } from 'node:test';
 import type pg from 'pg';
@@ -264,6 +265,44 @@ describe('cancelling running calls', () => {
 });
 
 describe('faults', () => {
+  it('a listener and an activator stopped while they connect again leave no connection behind, and the stop does not wait for a database that does not answer', async () => {
+    // a stop that met a reconnect on its way: the connection made after the stop stayed open, and
+    // the listener's probe of it kept the process from ever exiting (a test file timed out so)
+    const hub = new CompletionHub(engine, silentLogger);
+    await hub.start();
+    const listener = await engine.startListener(hub);
+    const activator = await engine.startActivator({ workerId: 'reconnecting' });
+    const names = ['asyncproc listener', 'asyncproc activator reconnecting'];
+    const connections = async () =>
+      (await sql.query<{ application_name: string }>('select application_name from pg_stat_activity where application_name = any($1) order by 1', [names])).rows.map((r) => r.application_name);
+    try {
+      assert.deepEqual(await connections(), names.slice().sort());
+      // the postmaster stopped (SIGSTOP): sessions already open go on, a new connection waits unanswered
+      const backend = (await sql.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0].pid;
+      const postmaster = Number((await readFile(`/proc/${backend}/stat`, 'utf8')).split(') ')[1].split(' ')[1]);
+      process.kill(postmaster, 'SIGSTOP');
+      let first: 'stopped' | 'waiting';
+      try {
+        await sql.query('select pg_terminate_backend(pid) from pg_stat_activity where application_name = any($1)', [names]);
+        await sleep(600); // both try again after 100 ms, into the silent postmaster
+        const closing = Promise.all([listener.close(), activator.close()]);
+        first = await Promise.race([closing.then(() => 'stopped' as const), sleep(2000).then(() => 'waiting' as const)]);
+        // the postmaster answers again: a connection still on its way gets through now
+        process.kill(postmaster, 'SIGCONT');
+        await closing;
+      } finally {
+        process.kill(postmaster, 'SIGCONT');
+      }
+      await sleep(1000); // time for such a connection to show
+      await waitFor(async () => (await connections()).length === 0, 5000, 'no listener or activator connection left');
+      assert.equal(first, 'stopped', 'the stop did not wait for a database that does not answer');
+    } finally {
+      await listener.close();
+      await activator.close();
+      await hub.close();
+    }
+  });
+
   it('a call claimed by a live session is never started again; once that session dies it is', async () => {
     const [token] = await invokeSql([['demo.record', { tag: 'live-claim' }]]);
     const claimer = await cluster.connect(url);

@@ -12,7 +12,7 @@ import { silentLogger } from '../src/logger.js';
 import { Readiness } from '../src/readiness.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
 import { capturingLogger } from './support/logs.js';
-import { sleep, startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
+import { sleep, startDemoDatabase, tearDown, waitFor, type DemoDatabase } from './support/database.js';
 
 let db: DemoDatabase;
 let t: TestApp;
@@ -24,22 +24,13 @@ before(async () => {
   const logger = pino({ level: 'info' }, { write: (line: string) => void logged.push(JSON.parse(line)) });
   t = await startTestApp(db.url, {}, logger);
 });
-/**
- * A teardown step, timed: two full-suite runs (of about a dozen) timed this file out after every
- * test had passed, and no run alone did; a step that takes long says so on stderr for whoever
- * reads that run.
- */
-async function step(name: string, fn: () => Promise<unknown> | undefined): Promise<void> {
-  const started = Date.now();
-  await fn();
-  if (Date.now() - started > 5000) console.error(`ops.test.ts teardown: ${name} took ${Date.now() - started} ms`);
-}
-
 after(async () => {
-  await step('the app stop', () => t?.stop());
-  await step('the test client end', () => db?.sql.end());
-  await step('the engine close', () => db?.engine.close());
-  await step('the cluster stop', () => db?.cluster.stop());
+  await tearDown([
+    ['the app stop', () => t?.stop()],
+    ['the test client end', () => db?.sql.end()],
+    ['the engine close', () => db?.engine.close()],
+    ['the cluster stop', () => db?.cluster.stop()],
+  ]);
 });
 
 const base = () => t.url.replace(/\/graphql$/, '');
@@ -265,8 +256,10 @@ describe('/ready', () => {
       const reconnects = sample(await (await fetch(`${url}/metrics`)).text(), 'asyncproc_listener_reconnects_total');
       assert.equal(reconnects, 1, 'one lost connection, however many attempts it took to connect again');
     } finally {
-      await step('the stop of the app whose database went away', () => app.stop());
-      await step('the stop of its cluster, started again', () => other.cluster.stop());
+      await tearDown([
+        ['the stop of the app whose database went away', () => app.stop()],
+        ['the stop of its cluster, started again', () => other.cluster.stop()],
+      ]);
     }
   });
 

@@ -123,4 +123,10 @@ export async function tearDown(steps: [string, () => Promise<unknown> | undefine
       process.stderr.write(`teardown: "${label}" failed: ${String(outcome)}\n`);
     }
   }
+  // something left open (a timer, a socket) keeps the file's process alive after its tests until
+  // the file times out, naming nothing: say what it is
+  const lingering = setTimeout(() => {
+    process.stderr.write(`teardown: done 10 s ago, and the process is still alive; alive: ${process.getActiveResourcesInfo().join(', ')}\n`);
+  }, 10_000);
+  lingering.unref();
 }

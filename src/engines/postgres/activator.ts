@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { ActivatorOptions, Closeable, ExecutionStatus, GroupCommits } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig, liftSessionLimits } from './connection.js';
+import { connectionConfig, cutShort, liftSessionLimits } from './connection.js';
 import type { Notifier } from './notifier.js';
 import type { ProgressRelay, ProgressSource } from './progress.js';
 import { rowFromJson, toExecution } from './rows.js';
@@ -665,6 +665,10 @@ export class PostgresActivator implements Closeable {
   private vacuumRefused = false;
   private readonly queues = new Map<string, QueueWorkers>();
   private waker: pg.Client | null = null;
+  private wakerRetry: NodeJS.Timeout | null = null;
+  private wakerConnecting: Promise<void> = Promise.resolve();
+  /** Connections on their way (connect()). */
+  private readonly opening = new Set<pg.Client>();
   private ticker: NodeJS.Timeout | null = null;
   private lastPurge = 0;
   private housekeeping: Promise<void> = Promise.resolve();
@@ -693,7 +697,13 @@ export class PostgresActivator implements Closeable {
     });
     client.statementTimeout = 0;
     client.on('error', (error) => this.options.logger.debug({ err: error }, 'worker connection error'));
-    await client.connect();
+    // one still on its way when the stop comes is cut short there (close())
+    this.opening.add(client);
+    try {
+      await client.connect();
+    } finally {
+      this.opening.delete(client);
+    }
     await liftSessionLimits(client);
     // a killed worker's running statement is abandoned within a second, so its call is recovered promptly
     await client.query(`set client_connection_check_interval = 1000`).catch(() => undefined);
@@ -728,9 +738,15 @@ export class PostgresActivator implements Closeable {
         client.on('error', () => undefined);
         client.on('end', () => {
           this.waker = null;
-          if (!this.stopping) setTimeout(() => void connect(), backoff);
+          again();
         });
         await client.query('listen asyncproc_wake; listen asyncproc_queues');
+        // stopped while this connection was on its way (a reconnect the close did not see): it
+        // must not outlive the stop
+        if (this.stopping) {
+          await client.end().catch(() => undefined);
+          return;
+        }
         this.waker = client;
         backoff = 100;
         // anything enqueued while we were deaf is found now, and a change of a queue's settings
@@ -741,8 +757,16 @@ export class PostgresActivator implements Closeable {
       } catch (error) {
         this.options.onError?.(toError(error));
         backoff = Math.min(backoff * 2, 5000);
-        if (!this.stopping) setTimeout(() => void connect(), backoff);
+        again();
       }
+    };
+    /** The next attempt after a wait; close() clears the wait and waits for an attempt under way. */
+    const again = () => {
+      if (this.stopping) return;
+      this.wakerRetry = setTimeout(() => {
+        this.wakerRetry = null;
+        this.wakerConnecting = connect();
+      }, backoff);
     };
     await connect();
   }
@@ -881,6 +905,9 @@ export class PostgresActivator implements Closeable {
     if (this.ticker) clearInterval(this.ticker);
     if (this.dueTimer) clearTimeout(this.dueTimer);
     await this.housekeeping;
+    // a connection on its way (a worker's, or the wake listener's reconnect) is cut short: a
+    // database that does not answer would hold the stop for the connect timeout
+    for (const client of this.opening) cutShort(client);
     for (const queue of this.queues.values()) queue.wakeAll();
     const done = Promise.all([...this.queues.values()].map((q) => q.done()));
     const graceMs = this.options.stopGraceMs ?? Infinity;
@@ -891,6 +918,9 @@ export class PostgresActivator implements Closeable {
       if (over) await this.handBack(graceMs);
     }
     await done;
+    if (this.wakerRetry) clearTimeout(this.wakerRetry);
+    // a reconnect that got through ends its connection once it sees the stop
+    await this.wakerConnecting;
     await this.waker?.end().catch(() => undefined);
   }
 

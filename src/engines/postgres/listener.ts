@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { Closeable, ListenerSink } from '../../engine.js';
 import { EXECUTION_STATUSES, toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig, liftSessionLimits } from './connection.js';
+import { connectionConfig, cutShort, liftSessionLimits } from './connection.js';
 import { PROGRESS_CHANNEL } from './progress.js';
 
 export interface PostgresListenerOptions {
@@ -38,6 +38,8 @@ export class PostgresListener implements Closeable {
   private heartbeat: NodeJS.Timeout | null = null;
   private backoff = 100;
   private reconnectTimer: NodeJS.Timeout | null = null;
+  private connecting: Promise<void> | null = null;
+  private opening: pg.Client | null = null;
   private malformed = 0;
 
   constructor(private readonly options: PostgresListenerOptions) {}
@@ -58,7 +60,12 @@ export class PostgresListener implements Closeable {
       if (lost) return;
       lost = true;
       const connected = this.client === client;
-      if (connected) this.client = null;
+      if (connected) {
+        this.client = null;
+        // its probe goes with it (a reconnect starts its own)
+        if (this.heartbeat) clearInterval(this.heartbeat);
+        this.heartbeat = null;
+      }
       client.end().catch(() => undefined);
       if (this.closed) return;
       // a lost connection is told once (the listener_reconnects_total metric); an attempt to
@@ -78,6 +85,7 @@ export class PostgresListener implements Closeable {
       if (msg.channel === 'asyncproc_events' && this.options.ownSender?.(msg.processId)) return;
       this.hear(msg.channel, msg.payload);
     });
+    this.opening = client;
     try {
       await client.connect();
       await liftSessionLimits(client);
@@ -85,6 +93,15 @@ export class PostgresListener implements Closeable {
     } catch (error) {
       onLost(toError(error));
       if (!isReconnect) throw error;
+      return;
+    } finally {
+      this.opening = null;
+    }
+    // closed while this connection was on its way (a reconnect the close did not see): it must
+    // not outlive the close, nor start a probe that would keep the process from exiting
+    if (this.closed) {
+      lost = true;
+      await client.end().catch(() => undefined);
       return;
     }
     this.client = client;
@@ -117,7 +134,7 @@ export class PostgresListener implements Closeable {
     this.backoff = Math.min(this.backoff * 2, 5000);
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = null;
-      void this.connect(true);
+      this.connecting = this.connect(true).finally(() => (this.connecting = null));
     }, delay);
   }
 
@@ -143,6 +160,10 @@ export class PostgresListener implements Closeable {
     this.closed = true;
     if (this.heartbeat) clearInterval(this.heartbeat);
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    // a reconnect on its way is cut short (a database that does not answer would hold the close
+    // for the connect timeout); one that got through ends its connection once it sees the close
+    if (this.opening) cutShort(this.opening);
+    await this.connecting;
     await this.client?.end().catch(() => undefined);
     this.client = null;
   }
