@@ -56,7 +56,7 @@ const LANDED: Record<string, string> = {
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
   'postgres/routines': { revision: 7, sha256: 'f76b7a97a981febe6101f6fddba27a0679b4a7abe357884bd4b14b09fdf1af6c' },
-  'mssql/procedures': { revision: 7, sha256: 'a625158c79f8c01b497843f11787b4630037066ea71e5621a96517289178f6d3' },
+  'mssql/procedures': { revision: 7, sha256: 'c393cc8d3c0fffcafe7e3eb788185bdd4b139b07676f71bcbedea22100244b99' },
 };
 
 describe('routines revision', () => {

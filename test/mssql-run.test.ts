@@ -450,3 +450,23 @@ describe('mssql queues: pausing (0019_queue_pause.sql; the conformance suite run
     assert.match(codeOnly(await file('0019_queue_pause.sql')), /ALTER TABLE asyncexec\.AsyncExecQueues ADD paused bit NOT NULL CONSTRAINT DF_AsyncExecQueues_paused DEFAULT \(0\);/);
   });
 });
+
+describe('mssql procedures: a CATCH returns to its savepoint only while the transaction is open', () => {
+  it('every ROLLBACK TRANSACTION to a savepoint inside a CATCH is reached only with XACT_STATE() = 1 (doomed or ended, it would raise 3903 or 3931 from inside the CATCH)', async () => {
+    const files = await readProcedureFiles(path.join(MSSQL_SQL_DIR, 'procedures'));
+    let checked = 0;
+    for (const { file: name, text: source } of files) {
+      const text = codeOnly(source);
+      for (const rollback of text.matchAll(/ROLLBACK TRANSACTION (\w+);/g)) {
+        const before = text.slice(0, rollback.index);
+        const inCatch = before.lastIndexOf('BEGIN CATCH') > before.lastIndexOf('END CATCH');
+        if (!inCatch) continue;
+        const catchSoFar = before.slice(before.lastIndexOf('BEGIN CATCH'));
+        const guarded = /IF XACT_STATE\(\) <> 1\s+BEGIN\s+THROW;\s+END;\s*$/.test(catchSoFar) || /XACT_STATE\(\) = 1[^\n;]*\n\s*$/.test(catchSoFar);
+        assert.ok(guarded, `${name}: ROLLBACK TRANSACTION ${rollback[1]} in a CATCH not guarded by XACT_STATE() = 1`);
+        checked += 1;
+      }
+    }
+    assert.ok(checked >= 7, `${checked} savepoint rollbacks checked`);
+  });
+});

@@ -89,7 +89,8 @@ BEGIN
             END TRY
             BEGIN CATCH
                 -- the cancel stands without the wake-up: the call's own request or timer ends it
-                IF XACT_STATE() = -1
+                -- doomed (-1), or ended by the error itself (0): no savepoint is left to return to
+                IF XACT_STATE() <> 1
                 BEGIN
                     THROW;
                 END;

@@ -132,7 +132,8 @@ BEGIN
             END TRY
             BEGIN CATCH
                 SELECT @errNumber = ERROR_NUMBER(), @errMessage = ERROR_MESSAGE();
-                IF XACT_STATE() = -1
+                -- doomed (-1), or ended by the error itself (0): no savepoint is left to return to
+                IF XACT_STATE() <> 1
                 BEGIN
                     THROW;
                 END;

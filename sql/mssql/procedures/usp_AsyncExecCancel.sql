@@ -139,7 +139,8 @@ BEGIN
             BEGIN CATCH
                 -- the cancel stands without the wake-up call: the dialog's own request or
                 -- timer ends it later
-                IF XACT_STATE() = -1
+                -- doomed (-1), or ended by the error itself (0): no savepoint is left to return to
+                IF XACT_STATE() <> 1
                 BEGIN
                     THROW;
                 END;

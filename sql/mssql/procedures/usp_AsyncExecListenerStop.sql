@@ -61,7 +61,8 @@ BEGIN
             BEGIN CATCH
                 -- a dialog that cannot be ended is left to DROP SERVICE below, which "sends an
                 -- error to the remote side of any open conversations that use the service"
-                IF XACT_STATE() = -1
+                -- doomed (-1), or ended by the error itself (0): no savepoint is left to return to
+                IF XACT_STATE() <> 1
                 BEGIN
                     THROW;
                 END;

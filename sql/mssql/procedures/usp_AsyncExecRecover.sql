@@ -179,7 +179,8 @@ BEGIN
                 END TRY
                 BEGIN CATCH
                     -- the new dialog stands without it; the old endpoint is only a leftover
-                    IF XACT_STATE() = -1
+                    -- doomed (-1), or ended by the error itself (0): no savepoint is left to return to
+                    IF XACT_STATE() <> 1
                     BEGIN
                         THROW;
                     END;
