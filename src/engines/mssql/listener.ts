@@ -479,6 +479,7 @@ class ConnectionLoop {
   private pending: sql.Request | undefined;
   private closed = false;
   private loop: Promise<void> | undefined;
+  private endWait: (() => void) | undefined;
 
   constructor(
     private readonly name: string,
@@ -529,6 +530,8 @@ class ConnectionLoop {
     while (!this.closed) {
       try {
         const pool = this.pool ?? (await this.connect());
+        // closed while it connected: no round trip more (close() cancelled none, none was on its way)
+        if (this.closed) break;
         if (lost) {
           lost = false;
           this.logger.info(`${this.name} reconnected`);
@@ -546,7 +549,15 @@ class ConnectionLoop {
         if (!lost) this.onFailure(err);
         lost = true;
         await this.dropConnection();
-        await new Promise((resolve) => setTimeout(resolve, backoff));
+        // the wait before the next attempt (up to maxBackoffMs) ends at once on close()
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, backoff);
+          this.endWait = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        this.endWait = undefined;
         backoff = Math.min(backoff * 2, this.maxBackoffMs);
       }
     }
@@ -557,6 +568,7 @@ class ConnectionLoop {
     if (this.closed) return;
     this.closed = true;
     this.pending?.cancel();
+    this.endWait?.();
     await this.loop?.catch(() => undefined);
     if (after) await after().catch((error: unknown) => this.logger.warn({ err: toError(error) }, `${this.name}: closing failed`));
     await this.dropConnection();
