@@ -4,7 +4,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Command } from 'commander';
 import { startApp, startWorker, type App } from './app.js';
-import { createApiKey } from './auth/apiKeys.js';
+import { createApiKey, DEFAULT_ROTATION_OVERLAP_SECONDS, rotateApiKey } from './auth/apiKeys.js';
 import { ConfigError, loadConfig } from './config.js';
 import { embeddedUrl } from './embeddedPostgres.js';
 import { EngineError, type ApiKey, type Engine } from './engine.js';
@@ -104,7 +104,7 @@ program
 
 const printKey = (key: ApiKey) =>
   `${key.id}  ${key.name}  roles=${key.roles.join(',') || '-'}  ${key.prefix}…  created ${key.createdAt.toISOString()}` +
-  (key.revokedAt ? `  REVOKED ${key.revokedAt.toISOString()}` : '') +
+  (key.revokedAt ? `  ${key.revokedAt.getTime() > Date.now() ? 'ROTATED, stops' : 'REVOKED'} ${key.revokedAt.toISOString()}` : '') +
   (key.lastUsedAt ? `  last used ${key.lastUsedAt.toISOString()}` : '');
 
 const apiKeys = program.command('api-key').description('manage API keys in the database (the first admin key is made here)');
@@ -124,6 +124,16 @@ apiKeys
   .description('list keys, revoked ones too')
   .action(async () => {
     for (const key of await withEngine((engine) => engine.listApiKeys())) process.stdout.write(`${printKey(key)}\n`);
+  });
+apiKeys
+  .command('rotate <id>')
+  .description('give a key a new secret without a gap: print the new secret (shown once); the old one works for the overlap, then stops')
+  .option('--overlap <seconds>', 'how long the old secret goes on working (0: it stops at once)', String(DEFAULT_ROTATION_OVERLAP_SECONDS))
+  .action(async (id: string, options: { overlap: string }) => {
+    const overlapSeconds = /^\d{1,10}$/.test(options.overlap) ? Number(options.overlap) : Number.NaN;
+    const { key, previous, secret } = await withEngine((engine) => rotateApiKey(engine, { id, overlapSeconds, createdBy: 'cli' }));
+    process.stderr.write(`${printKey(previous)}\n${printKey(key)}\nsecret of the new key (shown once; send as "Authorization: ApiKey <secret>"):\n`);
+    process.stdout.write(`${secret}\n`);
   });
 apiKeys
   .command('revoke <id>')

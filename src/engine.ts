@@ -274,8 +274,15 @@ export interface ApiKey {
   createdAt: Date;
   createdBy: string | null;
   lastUsedAt: Date | null;
+  /** When it stopped working; a rotated key's lies ahead until its overlap with its successor ends. */
   revokedAt: Date | null;
 }
+
+/** The longest a rotated key goes on working beside its successor: 30 days. */
+export const MAX_ROTATION_OVERLAP_SECONDS = 30 * 24 * 3600;
+
+/** A key's secret as stored: its hash and first characters, and who made it. */
+export type ApiKeySecret = Pick<NewApiKey, 'secretHash' | 'prefix' | 'createdBy'>;
 
 export interface NewApiKey {
   /** 1–128 characters, unique among keys not revoked (BAD_USER_INPUT otherwise). */
@@ -660,8 +667,18 @@ export interface Engine<Tx = unknown> {
   createApiKey(key: NewApiKey): Promise<ApiKey>;
   /** Every key, revoked ones too, newest first. */
   listApiKeys(): Promise<ApiKey[]>;
-  /** Revoke a key (it stops working at once); NOT_FOUND for an unknown id, the key as it is when already revoked. */
+  /**
+   * Revoke a key (it stops working at once; a rotated key's overlap ends now); NOT_FOUND for an
+   * unknown id, the key as it is when already revoked.
+   */
   revokeApiKey(id: string): Promise<ApiKey>;
+  /**
+   * Give a live key a successor with its name and roles (the same caller), in one transaction:
+   * the old key goes on working for `overlapSeconds` (0: it stops at once), so a service moves
+   * to the new secret without a gap. NOT_FOUND for an unknown id; BAD_USER_INPUT for a key
+   * revoked or rotated already, or an overlap out of 0–MAX_ROTATION_OVERLAP_SECONDS.
+   */
+  rotateApiKey(id: string, successor: ApiKeySecret, overlapSeconds: number): Promise<{ key: ApiKey; previous: ApiKey }>;
   /** The key whose secret hashes to `secretHash`, if not revoked (and record its use, at most once a minute). */
   findApiKey(secretHash: string): Promise<ApiKey | null>;
   /** Every queue with its counts; `recent` covers executions that ended within the last `recentSeconds` (default 3600). */

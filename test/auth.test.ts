@@ -588,6 +588,52 @@ describe('credentials that lapse while a socket or a stream is open', () => {
     await waitFor(async () => t.app.hub!.size === hubBefore, 5_000, 'the hub to let both streams go');
   });
 
+  it('a rotated API key: old and new secrets work as one caller through the overlap; at its end the old one stops and its open socket is closed 4403', async () => {
+    const key = await newKey('rotating', []);
+    const old = { authorization: `ApiKey ${key.secret}` };
+    const mine = await invoke(old);
+    const ws = await socketWith(old.authorization);
+    const ROTATE = `mutation($i: RotateApiKeyInput!) { rotateApiKey(input: $i) { secret apiKey { id name roles subject active revokedAt } previous { id active revokedAt } } }`;
+    // refused, changing nothing: not an admin, a bad overlap, a malformed or unknown id
+    const keysNow = async () => JSON.stringify((await t.gql(`{ apiKeys { id revokedAt } }`, {}, admin)).body.data.apiKeys);
+    const unchanged = await keysNow();
+    await refused(() => t.gql(ROTATE, { i: { id: key.id } }, old), 'FORBIDDEN');
+    await refused(() => t.gql(ROTATE, { i: { id: key.id } }, operator), 'FORBIDDEN');
+    for (const overlapSeconds of [-1, 30 * 24 * 3600 + 1]) await refused(() => t.gql(ROTATE, { i: { id: key.id, overlapSeconds } }, admin), 'BAD_USER_INPUT');
+    await refused(() => t.gql(ROTATE, { i: { id: 'not-a-key' } }, admin), 'BAD_USER_INPUT');
+    await refused(() => t.gql(ROTATE, { i: { id: '00000000-0000-4000-8000-000000000000' } }, admin), 'NOT_FOUND');
+    assert.equal(await keysNow(), unchanged, 'no key changed');
+
+    const rotatedAt = Date.now();
+    const { body } = await t.gql(ROTATE, { i: { id: key.id, overlapSeconds: 3 } }, admin);
+    const { secret, apiKey, previous } = body.data.rotateApiKey;
+    assert.match(secret, /^apk_/);
+    assert.deepEqual({ ...apiKey, id: undefined }, { id: undefined, name: 'rotating', roles: [], subject: 'apikey:rotating', active: true, revokedAt: null });
+    assert.equal(previous.id, key.id);
+    assert.equal(previous.active, true, 'the old key works on through its overlap');
+    const stops = Date.parse(previous.revokedAt) - rotatedAt;
+    assert.ok(stops > 2000 && stops < 4000, `the old key stops ${stops} ms after the rotation`);
+    await refused(() => t.gql(ROTATE, { i: { id: key.id } }, admin), 'BAD_USER_INPUT');
+
+    // both secrets, as one caller: the new one sees and owns the old one's work
+    const renewed = { authorization: `ApiKey ${secret}` };
+    for (const headers of [old, renewed]) assert.equal((await invoke(headers)).submittedBy, 'apikey:rotating');
+    const seen = await t.gql(`query($t: ID!) { execution(token: $t) { token } }`, { t: mine.token }, renewed);
+    assert.equal(seen.body.data.execution?.token, mine.token, JSON.stringify(seen.body));
+    assert.equal(ws.messages.length, 1, 'the socket opened with the old key is still open');
+
+    // the overlap's end: the old key's socket is closed, its requests refused; the new key works on
+    const { code } = await Promise.race([ws.closed, sleep(8_000).then(() => ({ code: -1, reason: '' }))]);
+    const closedAfter = Date.now() - rotatedAt;
+    assert.equal(code, 4403);
+    assert.ok(closedAfter >= 2500, `closed ${closedAfter} ms after the rotation, not before the overlap ended`);
+    await refused(() => t.gql(`{ viewer { subject } }`, {}, old), 'UNAUTHENTICATED', 401);
+    assert.equal((await wsInit({ Authorization: old.authorization })).code, 4403);
+    assert.equal((await invoke(renewed)).submittedBy, 'apikey:rotating');
+    const listed = (await t.gql(`{ apiKeys { id active } }`, {}, admin)).body.data.apiKeys;
+    assert.deepEqual([listed.find((k: any) => k.id === key.id).active, listed.find((k: any) => k.id === apiKey.id).active], [false, true]);
+  });
+
   it('a JWT past its exp: its open socket is closed 4403, its running subscription ends', async () => {
     const shortLived = await token('alice', [], { expiresIn: '2s' });
     const ws = await socketWith(`Bearer ${shortLived}`);
@@ -615,8 +661,32 @@ describe('api-key command', () => {
     const key = keys.body.data.apiKeys.find((k: { name: string }) => k.name === 'first-admin');
     assert.deepEqual(key.roles, ['admin'], 'the key works, as an admin');
     assert.match(await cli('list'), /first-admin\s+roles=admin/);
+    // rotated: a new secret for the same name and roles; the old one works through the overlap
+    const renewed = await cli('rotate', key.id, '--overlap', '600');
+    assert.match(renewed, /^apk_[A-Za-z0-9_-]{43}$/);
+    for (const s of [secret, renewed]) {
+      const { body } = await t.gql(`{ viewer { subject roles } }`, {}, { authorization: `ApiKey ${s}` });
+      assert.deepEqual(body.data.viewer, { subject: 'apikey:first-admin', roles: ['admin'] });
+    }
+    assert.match(await cli('list'), new RegExp(`${key.id}\\s+first-admin\\s+roles=admin\\s+\\S+…\\s+created \\S+\\s+ROTATED, stops `));
+    for (const [args, message] of [
+      [['rotate', key.id], /rotated already/],
+      [['rotate', key.id, '--overlap', 'soon'], /overlapSeconds/],
+    ] as const) {
+      const failed = await execFileAsync(process.execPath, ['--import', 'tsx', 'src/cli.ts', 'api-key', ...args], {
+        cwd: new URL('..', import.meta.url).pathname,
+        env: { ...process.env, DATABASE_URL: databaseUrl },
+        encoding: 'utf8',
+      }).then(
+        () => assert.fail(`${args.join(' ')} succeeded`),
+        (error: { code?: number; stderr?: string }) => error,
+      );
+      assert.equal(failed.code, 1);
+      assert.match(failed.stderr ?? '', message);
+    }
     assert.match(await cli('revoke', key.id), /REVOKED/);
     await refused(() => t.gql(`{ apiKeys { id } }`, {}, { authorization: `ApiKey ${secret}` }), 'UNAUTHENTICATED', 401);
+    assert.equal((await t.gql(`{ viewer { subject } }`, {}, { authorization: `ApiKey ${renewed}` })).body.data.viewer.subject, 'apikey:first-admin');
   });
 });
 

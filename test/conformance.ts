@@ -875,6 +875,60 @@ export function runConformance(name: string, factory: () => Promise<EngineHarnes
       assert.notEqual(successor.id, key.id);
     });
 
+    it('API keys: a rotation gives a successor with the name and roles; the old key works through its overlap, then stops; racing rotations make one successor', async () => {
+      const { createHash } = await import('node:crypto');
+      const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
+      const stored = (secret: string) => ({ secretHash: sha256(secret), prefix: secret.slice(0, 8), createdBy: 'conformance' });
+      const name = unique('rotated');
+      const first = `apk_${unique('first')}`;
+      const key = await engine.createApiKey({ name, roles: ['ci.deploy'], ...stored(first) });
+
+      const second = `apk_${unique('second')}`;
+      const before = Date.now();
+      const { key: successor, previous } = await engine.rotateApiKey(key.id, stored(second), 3600);
+      assert.notEqual(successor.id, key.id);
+      assert.deepEqual([successor.name, successor.roles, successor.prefix, successor.createdBy, successor.revokedAt], [name, ['ci.deploy'], second.slice(0, 8), 'conformance', null]);
+      assert.equal(previous.id, key.id);
+      const stops = previous.revokedAt!.getTime() - before;
+      assert.ok(stops > 3595_000 && stops < 3605_000, `the old key stops in ${stops} ms`);
+      assert.equal((await engine.findApiKey(sha256(first)))?.id, key.id, 'the old secret works through the overlap');
+      assert.equal((await engine.findApiKey(sha256(second)))?.id, successor.id, 'the new one at once');
+
+      // a key rotated already, a revoked one, an unknown id, a bad overlap or secret: refused, nothing written
+      const count = (await engine.listApiKeys()).length;
+      const third = () => stored(`apk_${unique('third')}`);
+      await assert.rejects(engine.rotateApiKey(key.id, third(), 60), (e: any) => isCode('BAD_USER_INPUT')(e) && /rotated already/.test(e.message));
+      for (const overlap of [-1, 1.5, 30 * 24 * 3600 + 1, Number.NaN]) {
+        await assert.rejects(engine.rotateApiKey(successor.id, third(), overlap), isCode('BAD_USER_INPUT'), String(overlap));
+      }
+      await assert.rejects(engine.rotateApiKey(successor.id, { ...third(), secretHash: 'ABC' }, 60), isCode('BAD_USER_INPUT'));
+      await assert.rejects(engine.rotateApiKey(successor.id, stored(second), 60), isCode('BAD_USER_INPUT'), 'a secret in use');
+      await assert.rejects(engine.rotateApiKey('00000000-0000-4000-8000-000000000000', third(), 60), isCode('NOT_FOUND'));
+      await assert.rejects(engine.rotateApiKey('not-an-id', third(), 60), isCode('NOT_FOUND'));
+      assert.equal((await engine.listApiKeys()).length, count, 'nothing stored by a refusal');
+      assert.equal((await engine.findApiKey(sha256(second)))?.id, successor.id, 'a refused rotation left the key live');
+      assert.equal((await engine.listApiKeys()).find((k) => k.id === successor.id)!.revokedAt, null);
+
+      // a revoke ends the overlap now
+      const revoked = await engine.revokeApiKey(key.id);
+      assert.ok(revoked.revokedAt!.getTime() <= Date.now() + 1000, 'revoked now, not at the end of the overlap');
+      assert.equal(await engine.findApiKey(sha256(first)), null);
+      await assert.rejects(engine.rotateApiKey(key.id, third(), 60), (e: any) => isCode('BAD_USER_INPUT')(e) && /revoked/.test(e.message));
+
+      // overlap 0: the old key stops at once; its successor takes over
+      const fourth = `apk_${unique('fourth')}`;
+      const now = await engine.rotateApiKey(successor.id, stored(fourth), 0);
+      assert.equal(await engine.findApiKey(sha256(second)), null, 'overlap 0 stops the old key at once');
+      assert.equal((await engine.findApiKey(sha256(fourth)))?.id, now.key.id);
+
+      // racing rotations of one key: one successor
+      const racing = await Promise.allSettled([1, 2, 3, 4].map(() => engine.rotateApiKey(now.key.id, third(), 60)));
+      assert.equal(racing.filter((r) => r.status === 'fulfilled').length, 1, JSON.stringify(racing.map((r) => r.status)));
+      for (const r of racing) if (r.status === 'rejected') assert.ok(isCode('BAD_USER_INPUT')(r.reason), String(r.reason));
+      const live = (await engine.listApiKeys()).filter((k) => k.name === name && k.revokedAt === null);
+      assert.equal(live.length, 1, 'one live successor');
+    });
+
     it('ownership: list, count, the change feed and running filter by submittedBy, exactly', async () => {
       const alice = unique('alice');
       const bob = unique('bob');

@@ -1,5 +1,5 @@
 import { createHash, randomBytes } from 'node:crypto';
-import { EngineError, ROLE_NAME, type ApiKey, type Engine } from '../engine.js';
+import { EngineError, ROLE_NAME, type ApiKey, type ApiKeySecret, type Engine } from '../engine.js';
 
 /** Every secret starts so: a reader tells it from a JWT (which starts `eyJ` and has dots) at a glance. */
 export const API_KEY_PREFIX = 'apk_';
@@ -21,18 +21,34 @@ export function checkRoles(roles: readonly string[]): string[] {
   return [...new Set(roles)];
 }
 
+/** A new secret (256 random bits), and what is stored of it. */
+function newSecret(createdBy: string | null): { secret: string; stored: ApiKeySecret } {
+  const secret = API_KEY_PREFIX + randomBytes(32).toString('base64url');
+  return { secret, stored: { secretHash: hashApiKey(secret), prefix: secret.slice(0, API_KEY_PREFIX.length + 4), createdBy } };
+}
+
 /** Create a key: the secret is returned here, once, and never stored. */
 export async function createApiKey(
   engine: Engine,
   input: { name: string; roles: readonly string[]; createdBy: string | null },
 ): Promise<{ key: ApiKey; secret: string }> {
-  const secret = API_KEY_PREFIX + randomBytes(32).toString('base64url');
-  const key = await engine.createApiKey({
-    name: input.name,
-    roles: checkRoles(input.roles),
-    secretHash: hashApiKey(secret),
-    prefix: secret.slice(0, API_KEY_PREFIX.length + 4),
-    createdBy: input.createdBy,
-  });
+  const { secret, stored } = newSecret(input.createdBy);
+  const key = await engine.createApiKey({ name: input.name, roles: checkRoles(input.roles), ...stored });
   return { key, secret };
+}
+
+/** How long a rotated key goes on working beside its successor, unless told: one hour. */
+export const DEFAULT_ROTATION_OVERLAP_SECONDS = 3600;
+
+/**
+ * Rotate a key: a successor with its name and roles, whose secret is returned here, once; the
+ * old key goes on working for `overlapSeconds`, then stops (as if revoked then).
+ */
+export async function rotateApiKey(
+  engine: Engine,
+  input: { id: string; overlapSeconds?: number | null; createdBy: string | null },
+): Promise<{ key: ApiKey; previous: ApiKey; secret: string }> {
+  const { secret, stored } = newSecret(input.createdBy);
+  const rotated = await engine.rotateApiKey(input.id, stored, input.overlapSeconds ?? DEFAULT_ROTATION_OVERLAP_SECONDS);
+  return { ...rotated, secret };
 }

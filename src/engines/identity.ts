@@ -2,7 +2,7 @@
  * Checks of identity input shared by both engines, made before the database is asked:
  * role names, a caller's roles, a new API key. The databases repeat what guards data.
  */
-import { EngineError, ROLE_NAME, type ApiKey, type NewApiKey } from '../engine.js';
+import { EngineError, MAX_ROTATION_OVERLAP_SECONDS, ROLE_NAME, type ApiKey, type ApiKeySecret, type NewApiKey } from '../engine.js';
 
 const badInput = (message: string) => new EngineError('BAD_USER_INPUT', message);
 
@@ -36,10 +36,24 @@ const PREFIX = /^[\x21-\x7e]{1,32}$/;
 
 /** A new API key as both engines store it; BAD_USER_INPUT for anything they would not. */
 export function checkNewApiKey(key: NewApiKey): NewApiKey & { roles: string[] } {
-  const { name, secretHash, prefix, createdBy } = key;
+  const { name } = key;
   if (typeof name !== 'string' || name.length < 1 || name.length > 128 || !plainText(name) || name.trim() !== name) {
     throw badInput('an API key name is 1–128 characters, without control characters or blanks at either end');
   }
+  return { name, ...checkApiKeySecret(key), roles: checkRoles(key.roles) };
+}
+
+/** A rotation's overlap: whole seconds, 0–MAX_ROTATION_OVERLAP_SECONDS (BAD_USER_INPUT otherwise). */
+export function checkOverlap(overlapSeconds: number): number {
+  if (!Number.isInteger(overlapSeconds) || overlapSeconds < 0 || overlapSeconds > MAX_ROTATION_OVERLAP_SECONDS) {
+    throw badInput(`overlapSeconds is a whole number of seconds from 0 to ${MAX_ROTATION_OVERLAP_SECONDS} (30 days)`);
+  }
+  return overlapSeconds;
+}
+
+/** A key's secret (its hash and prefix) and maker as both engines store them. */
+export function checkApiKeySecret(key: ApiKeySecret): ApiKeySecret {
+  const { secretHash, prefix, createdBy } = key;
   if (typeof secretHash !== 'string' || !SECRET_HASH.test(secretHash)) {
     throw badInput('secretHash must be a SHA-256 in lower-case hex (64 characters)');
   }
@@ -47,7 +61,7 @@ export function checkNewApiKey(key: NewApiKey): NewApiKey & { roles: string[] } 
   if (createdBy != null && (typeof createdBy !== 'string' || createdBy.length > 256 || !plainText(createdBy))) {
     throw badInput('createdBy is at most 256 characters, without control characters');
   }
-  return { name, secretHash, prefix, createdBy: createdBy ?? null, roles: checkRoles(key.roles) };
+  return { secretHash, prefix, createdBy: createdBy ?? null };
 }
 
 /** An API key row as both engines select it (roles as each engine stores them). */
@@ -76,4 +90,13 @@ export function toApiKey(row: ApiKeyRow<unknown>, roles: string[]): ApiKey {
     lastUsedAt: row.last_used_at,
     revokedAt: row.revoked_at,
   };
+}
+
+/** Why a key was not rotated: NOT_FOUND (no such key), or BAD_USER_INPUT (revoked, or rotated already). */
+export function notRotated(id: string, key: ApiKey | null): EngineError {
+  if (!key) return new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
+  if (key.revokedAt && key.revokedAt.getTime() > Date.now()) {
+    return badInput(`the API key "${key.name}" (${id}) was rotated already and stops at ${key.revokedAt.toISOString()}: rotate its successor`);
+  }
+  return badInput(`the API key "${key.name}" (${id}) is revoked`);
 }

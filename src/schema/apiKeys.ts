@@ -1,5 +1,5 @@
-import { createApiKey } from '../auth/apiKeys.js';
-import type { ApiKey } from '../engine.js';
+import { createApiKey, DEFAULT_ROTATION_OVERLAP_SECONDS, rotateApiKey } from '../auth/apiKeys.js';
+import { MAX_ROTATION_OVERLAP_SECONDS, type ApiKey } from '../engine.js';
 import { builder } from './builder.js';
 import { checkToken, guard, requireAdmin } from './errors.js';
 
@@ -14,7 +14,15 @@ const ApiKeyRef = builder.objectRef<ApiKey>('ApiKey').implement({
     createdAt: t.expose('createdAt', { type: 'DateTime' }),
     createdBy: t.exposeString('createdBy', { nullable: true }),
     lastUsedAt: t.expose('lastUsedAt', { type: 'DateTime', nullable: true, description: 'Updated at most once a minute.' }),
-    revokedAt: t.expose('revokedAt', { type: 'DateTime', nullable: true }),
+    revokedAt: t.expose('revokedAt', {
+      type: 'DateTime',
+      nullable: true,
+      description: "When it stopped working. A rotated key's lies ahead until its overlap with its successor ends.",
+    }),
+    active: t.boolean({
+      description: 'Whether it works now: not revoked, or rotated and still within its overlap.',
+      resolve: (k) => k.revokedAt === null || k.revokedAt.getTime() > Date.now(),
+    }),
   }),
 });
 
@@ -29,6 +37,24 @@ const CreateApiKeyPayload = builder.objectRef<{ key: ApiKey; secret: string }>('
   fields: (t) => ({
     apiKey: t.field({ type: ApiKeyRef, resolve: (p) => p.key }),
     secret: t.exposeString('secret', { description: 'Shown this once: it cannot be read again.' }),
+  }),
+});
+
+const RotateApiKeyInput = builder.inputType('RotateApiKeyInput', {
+  fields: (t) => ({
+    id: t.id({ required: true, description: 'The key to rotate: live, and not rotated already.' }),
+    overlapSeconds: t.int({
+      required: false,
+      description: `How long the old key goes on working beside the new one, 0–${MAX_ROTATION_OVERLAP_SECONDS} (30 days); 0 stops it at once. Default ${DEFAULT_ROTATION_OVERLAP_SECONDS} (one hour).`,
+    }),
+  }),
+});
+
+const RotateApiKeyPayload = builder.objectRef<{ key: ApiKey; previous: ApiKey; secret: string }>('RotateApiKeyPayload').implement({
+  fields: (t) => ({
+    apiKey: t.field({ type: ApiKeyRef, description: 'The new key: the same name and roles, so the same caller.', resolve: (p) => p.key }),
+    secret: t.exposeString('secret', { description: "The new key's secret, shown this once." }),
+    previous: t.field({ type: ApiKeyRef, description: 'The old key: its revokedAt says when it stops.', resolve: (p) => p.previous }),
   }),
 });
 
@@ -57,6 +83,20 @@ builder.mutationFields((t) => ({
       guard(async () => {
         requireAdmin(principal, 'createApiKey');
         return createApiKey(engine, { name: input.name, roles: input.roles ?? [], createdBy: principal.subject });
+      }),
+  }),
+  rotateApiKey: t.field({
+    type: RotateApiKeyPayload,
+    description:
+      'Give a key a new secret without a gap: a successor with its name and roles (the same caller, `apikey:<name>`), whose secret is in the answer, once; the old key goes on working for `overlapSeconds`, then stops. Admins only.',
+    args: { input: t.arg({ type: RotateApiKeyInput, required: true }) },
+    resolve: (_root, { input }, { engine, principal, credentialsChanged }) =>
+      guard(async () => {
+        requireAdmin(principal, 'rotateApiKey');
+        const rotated = await rotateApiKey(engine, { id: checkToken(String(input.id), 'API key id'), overlapSeconds: input.overlapSeconds, createdBy: principal.subject });
+        // an overlap of 0 stops the old key now: what was looked up of it is forgotten, as on a revoke
+        credentialsChanged?.();
+        return rotated;
       }),
   }),
   revokeApiKey: t.field({

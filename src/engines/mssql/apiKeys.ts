@@ -1,6 +1,6 @@
 import sql from 'mssql';
-import { EngineError, type ApiKey, type NewApiKey } from '../../engine.js';
-import { API_KEY_COLUMNS, checkNewApiKey, toApiKey, type ApiKeyRow } from '../identity.js';
+import { EngineError, type ApiKey, type ApiKeySecret, type NewApiKey } from '../../engine.js';
+import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
 import { errorNumber } from './errors.js';
 import { isToken } from './types.js';
 
@@ -43,19 +43,74 @@ export async function listApiKeys(pool: sql.ConnectionPool): Promise<ApiKey[]> {
   return result.recordset.map(toKey);
 }
 
-/** Revoke once (a second revoke keeps the first time); NOT_FOUND for an id no key has. */
+/**
+ * Revoke once (a second revoke keeps the first time; a rotated key's overlap ends now);
+ * NOT_FOUND for an id no key has.
+ */
 export async function revokeApiKey(pool: sql.ConnectionPool, id: string): Promise<ApiKey> {
   if (typeof id !== 'string' || !isToken(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${String(id)}"`);
   const result = await pool
     .request()
     .input('id', sql.UniqueIdentifier, id)
     .query<Row>(
-      `UPDATE k SET revoked_at = COALESCE(k.revoked_at, SYSUTCDATETIME())
+      `UPDATE k SET revoked_at = CASE WHEN k.revoked_at IS NULL OR k.revoked_at > SYSUTCDATETIME() THEN SYSUTCDATETIME() ELSE k.revoked_at END
        OUTPUT ${columns('inserted')}
        FROM asyncexec.AsyncExecApiKeys AS k WHERE k.id = @id;`,
     );
   if (!result.recordset[0]) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
   return toKey(result.recordset[0]);
+}
+
+/**
+ * A live key's successor, in one transaction: the key's revoked_at set `overlapSeconds` ahead
+ * (which also takes it out of the filtered index UX_AsyncExecApiKeys_live_name, so the successor
+ * may have its name) and the successor inserted from it. A rotation racing this one waits for
+ * the key's row (the UPDATE's exclusive lock, held to the commit), then finds it no longer live
+ * and inserts nothing. The table variable keeps the old row for the answer; XACT_ABORT stays as
+ * the connection has it (OFF): the CATCH rolls back whatever failed and rethrows.
+ */
+export async function rotateApiKey(pool: sql.ConnectionPool, id: string, successor: ApiKeySecret, overlapSeconds: number): Promise<{ key: ApiKey; previous: ApiKey }> {
+  const { secretHash, prefix, createdBy } = checkApiKeySecret(successor);
+  const overlap = checkOverlap(overlapSeconds);
+  if (typeof id !== 'string' || !isToken(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${String(id)}"`);
+  const result = await pool
+    .request()
+    .input('id', sql.UniqueIdentifier, id)
+    .input('overlap', sql.Int, overlap)
+    .input('secretHash', sql.VarBinary(32), hashBytes(secretHash))
+    .input('prefix', sql.NVarChar(32), prefix)
+    .input('createdBy', sql.NVarChar(256), createdBy)
+    .query<Row>(
+      `SET NOCOUNT ON;
+       DECLARE @previous TABLE (id uniqueidentifier, name nvarchar(128) COLLATE Latin1_General_BIN2, roles nvarchar(max), prefix nvarchar(32),
+                                created_at datetime2(3), created_by nvarchar(256), last_used_at datetime2(3), revoked_at datetime2(3));
+       BEGIN TRY
+         BEGIN TRANSACTION;
+         UPDATE k SET revoked_at = DATEADD(second, @overlap, SYSUTCDATETIME())
+         OUTPUT ${columns('inserted')} INTO @previous
+         FROM asyncexec.AsyncExecApiKeys AS k WHERE k.id = @id AND k.revoked_at IS NULL;
+         INSERT asyncexec.AsyncExecApiKeys (name, roles, secret_hash, prefix, created_by)
+         OUTPUT ${columns('inserted')}
+         SELECT p.name, p.roles, @secretHash, @prefix, @createdBy FROM @previous AS p;
+         COMMIT TRANSACTION;
+       END TRY
+       BEGIN CATCH
+         IF XACT_STATE() <> 0
+           ROLLBACK TRANSACTION;
+         THROW;
+       END CATCH;
+       SELECT ${columns('p')} FROM @previous AS p;`,
+    )
+    .catch((error: unknown) => {
+      if (errorNumber(error) === 2627) throw new EngineError('BAD_USER_INPUT', 'this secret is in use already', { cause: error });
+      throw error;
+    });
+  const recordsets = result.recordsets as Row[][];
+  const [made] = recordsets[0] ?? [];
+  const [previous] = recordsets[1] ?? [];
+  if (made && previous) return { key: toKey(made), previous: toKey(previous) };
+  const found = await pool.request().input('id', sql.UniqueIdentifier, id).query<Row>(`SELECT ${columns('k')} FROM asyncexec.AsyncExecApiKeys AS k WHERE k.id = @id;`);
+  throw notRotated(id, found.recordset[0] ? toKey(found.recordset[0]) : null);
 }
 
 /**
@@ -70,9 +125,10 @@ export async function findApiKey(pool: sql.ConnectionPool, secretHash: string): 
     .input('secretHash', sql.VarBinary(32), hashBytes(secretHash))
     .query<Row>(
       `UPDATE asyncexec.AsyncExecApiKeys SET last_used_at = SYSUTCDATETIME()
-        WHERE secret_hash = @secretHash AND revoked_at IS NULL
+        WHERE secret_hash = @secretHash AND (revoked_at IS NULL OR revoked_at > SYSUTCDATETIME())
           AND (last_used_at IS NULL OR last_used_at < DATEADD(minute, -1, SYSUTCDATETIME()));
-       SELECT ${columns('k')} FROM asyncexec.AsyncExecApiKeys AS k WHERE k.secret_hash = @secretHash AND k.revoked_at IS NULL;`,
+       SELECT ${columns('k')} FROM asyncexec.AsyncExecApiKeys AS k
+        WHERE k.secret_hash = @secretHash AND (k.revoked_at IS NULL OR k.revoked_at > SYSUTCDATETIME());`,
     );
   return result.recordset[0] ? toKey(result.recordset[0]) : null;
 }

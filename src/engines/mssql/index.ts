@@ -19,6 +19,7 @@ import {
   type InvokeCall,
   type ListenerSink,
   type NewApiKey,
+  type ApiKeySecret,
   type PageRequest,
   type Procedure,
   type QueueInfo,
@@ -54,7 +55,7 @@ import {
   unregisterProcedure,
   type MssqlRegisterOptions,
 } from './procedures.js';
-import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
+import { createApiKey, findApiKey, listApiKeys, revokeApiKey, rotateApiKey } from './apiKeys.js';
 import { parseMssqlUrl } from './url.js';
 import { ConnectionPool } from './pool.js';
 import {
@@ -237,6 +238,9 @@ export class MssqlEngine implements Engine<sql.Transaction> {
   }
   revokeApiKey(id: string) {
     return revokeApiKey(this.pool, id);
+  }
+  rotateApiKey(id: string, successor: ApiKeySecret, overlapSeconds: number) {
+    return rotateApiKey(this.pool, id, successor, overlapSeconds);
   }
   findApiKey(secretHash: string) {
     return findApiKey(this.pool, secretHash);

@@ -1,6 +1,6 @@
 import type pg from 'pg';
-import { EngineError, isUuid, type ApiKey, type NewApiKey } from '../../engine.js';
-import { API_KEY_COLUMNS, checkNewApiKey, toApiKey, type ApiKeyRow } from '../identity.js';
+import { EngineError, isUuid, type ApiKey, type ApiKeySecret, type NewApiKey } from '../../engine.js';
+import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
 
 const COLUMNS = API_KEY_COLUMNS.map((c) => `k.${c}`).join(', ');
 type Row = ApiKeyRow<string[]>;
@@ -32,16 +32,54 @@ export async function listApiKeys(pool: pg.Pool): Promise<ApiKey[]> {
   return rows.map(toKey);
 }
 
-/** Revoke once (a second revoke keeps the first time); NOT_FOUND for an id no key has. */
+/**
+ * Revoke once (a second revoke keeps the first time; a rotated key's overlap ends now);
+ * NOT_FOUND for an id no key has.
+ */
 export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
   const { rows } = isUuid(id)
     ? await pool.query<Row>(
-        `update asyncproc.api_keys k set revoked_at = coalesce(k.revoked_at, now()) where k.id = $1::uuid returning ${COLUMNS}`,
+        `update asyncproc.api_keys k set revoked_at = least(coalesce(k.revoked_at, now()), now()) where k.id = $1::uuid returning ${COLUMNS}`,
         [id],
       )
     : { rows: [] };
   if (!rows[0]) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
   return toKey(rows[0]);
+}
+
+/**
+ * A live key's successor, in one statement: the key's revoked_at set `overlapSeconds` ahead
+ * (which also takes it out of api_keys_live_name, so the successor may have its name) and the
+ * successor inserted from it. A rotation racing this one waits for the key's row, then finds it
+ * no longer live and inserts nothing.
+ */
+export async function rotateApiKey(pool: pg.Pool, id: string, successor: ApiKeySecret, overlapSeconds: number): Promise<{ key: ApiKey; previous: ApiKey }> {
+  const { secretHash, prefix, createdBy } = checkApiKeySecret(successor);
+  const overlap = checkOverlap(overlapSeconds);
+  if (!isUuid(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
+  const { rows } = await pool
+    .query<Row & { previous: boolean }>(
+      `with previous as (
+         update asyncproc.api_keys k set revoked_at = now() + make_interval(secs => $2)
+          where k.id = $1::uuid and k.revoked_at is null
+         returning ${COLUMNS}
+       ), made as (
+         insert into asyncproc.api_keys as k (name, roles, secret_hash, prefix, created_by)
+         select p.name, p.roles, $3, $4, $5 from previous p
+         returning ${COLUMNS}
+       )
+       select true as previous, * from previous union all select false, * from made`,
+      [id, overlap, secretHash, prefix, createdBy],
+    )
+    .catch((error: unknown) => {
+      if ((error as { code?: string }).code === '23505') throw new EngineError('BAD_USER_INPUT', 'this secret is in use already', { cause: error });
+      throw error;
+    });
+  const previous = rows.find((r) => r.previous);
+  const made = rows.find((r) => !r.previous);
+  if (previous && made) return { key: toKey(made), previous: toKey(previous) };
+  const { rows: found } = await pool.query<Row>(`select ${COLUMNS} from asyncproc.api_keys k where k.id = $1::uuid`, [id]);
+  throw notRotated(id, found[0] ? toKey(found[0]) : null);
 }
 
 /**
@@ -52,7 +90,7 @@ export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
 export async function findApiKey(pool: pg.Pool, secretHash: string): Promise<ApiKey | null> {
   if (typeof secretHash !== 'string') return null;
   const { rows } = await pool.query<Row>(
-    `with k as (select * from asyncproc.api_keys k where k.secret_hash = $1 and k.revoked_at is null),
+    `with k as (select * from asyncproc.api_keys k where k.secret_hash = $1 and (k.revoked_at is null or k.revoked_at > now())),
           used as (update asyncproc.api_keys u set last_used_at = now()
                      from k
                     where u.id = k.id and (u.last_used_at is null or u.last_used_at < now() - interval '1 minute')

@@ -11,6 +11,7 @@ import type {
   InvokeCall,
   ListenerSink,
   NewApiKey,
+  ApiKeySecret,
   OwnChange,
   RegisterOptions,
   ScheduleChange,
@@ -31,7 +32,7 @@ import { PostgresListener } from './listener.js';
 import { Notifier } from './notifier.js';
 import { installDemo, migrate, schemaVersion } from './migrator.js';
 import { listProcedures, registerProcedure, unregisterProcedure } from './procedures.js';
-import { createApiKey, findApiKey, listApiKeys, revokeApiKey } from './apiKeys.js';
+import { createApiKey, findApiKey, listApiKeys, revokeApiKey, rotateApiKey } from './apiKeys.js';
 import { configureQueue, listQueues, listRunning, pauseQueue } from './queues.js';
 import { getBatch, getBatchExecutions, submitBatch } from './batches.js';
 import { getHistory } from './history.js';
@@ -232,6 +233,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   }
   revokeApiKey(id: string) {
     return revokeApiKey(this.pool, id);
+  }
+  rotateApiKey(id: string, successor: ApiKeySecret, overlapSeconds: number) {
+    return rotateApiKey(this.pool, id, successor, overlapSeconds);
   }
   findApiKey(secretHash: string) {
     return findApiKey(this.pool, secretHash);
