@@ -285,8 +285,9 @@ describe('faults', () => {
       try {
         await sql.query('select pg_terminate_backend(pid) from pg_stat_activity where application_name = any($1)', [names]);
         await sleep(600); // both try again after 100 ms, into the silent postmaster
+        // the stop, given 5 s on a busy machine: the connect timeout it must not wait for is 30 s
         const closing = Promise.all([listener.close(), activator.close()]);
-        first = await Promise.race([closing.then(() => 'stopped' as const), sleep(2000).then(() => 'waiting' as const)]);
+        first = await Promise.race([closing.then(() => 'stopped' as const), sleep(5000).then(() => 'waiting' as const)]);
         // the postmaster answers again: a connection still on its way gets through now
         process.kill(postmaster, 'SIGCONT');
         await closing;

@@ -241,7 +241,8 @@ class QueueWorkers {
           probing = false;
           this.endProbe(false);
         }
-        await sleep(backoff);
+        // no wait before the next attempt once the stop has begun: there is none
+        if (!this.activator.stopping) await sleep(backoff);
         backoff = Math.min(backoff * 2, 5000);
       }
     }
@@ -690,6 +691,8 @@ export class PostgresActivator implements Closeable {
   }
 
   async connect(applicationName: string): Promise<pg.Client> {
+    // none begins once the stop has begun (close() cuts short those under way)
+    if (this.stopping) throw new Error('the activator is stopping');
     const client: SlotClient = new pg.Client({
       // no statement_timeout but the one a call's procedure sets: a server default must not cut calls
       ...connectionConfig(this.options.connectionString, { statement_timeout: '0' }),
