@@ -96,6 +96,12 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 class Doorbell {
   private waiters: (() => void)[] = [];
   private pending = 0;
+  private closed = false;
+  /** Every wait ends now, and every later one at once (the stop: a loop that begins a wait after it must not sleep on). */
+  close(): void {
+    this.closed = true;
+    this.ring(true);
+  }
   ring(all = false): void {
     if (all) {
       const woken = this.waiters.splice(0);
@@ -108,6 +114,7 @@ class Doorbell {
     else this.pending = Math.min(this.pending + 1, 1);
   }
   wait(timeoutMs: number): Promise<void> {
+    if (this.closed) return Promise.resolve();
     if (this.pending > 0) {
       this.pending--;
       return Promise.resolve();
@@ -158,6 +165,15 @@ class QueueWorkers {
   wakeAll(): void {
     this.doorbell.ring(true);
     this.vacant();
+  }
+  /**
+   * The stop: every wait of the queue's loops ends, now and from now on, so each sees the stop at
+   * once (a loop that began its wait just after a ring slept on up to 10 s, and held the stop).
+   */
+  stopWaiting(): void {
+    this.doorbell.close();
+    this.vacancy.close();
+    this.turns.close();
   }
   /** A slot may have come free here (more concurrency, a surplus loop ended, stopping): the loops without one look now. */
   private vacant(): void {
@@ -911,7 +927,7 @@ export class PostgresActivator implements Closeable {
     // a connection on its way (a worker's, or the wake listener's reconnect) is cut short: a
     // database that does not answer would hold the stop for the connect timeout
     for (const client of this.opening) cutShort(client);
-    for (const queue of this.queues.values()) queue.wakeAll();
+    for (const queue of this.queues.values()) queue.stopWaiting();
     const done = Promise.all([...this.queues.values()].map((q) => q.done()));
     const graceMs = this.options.stopGraceMs ?? Infinity;
     if (Number.isFinite(graceMs)) {
