@@ -51,8 +51,21 @@ before(async () => {
         perform pg_sleep(0.002);
       end loop;
     end $$;
+    -- a procedure that raises notices shaped as asyncproc.progress's, naming other calls (the
+    -- victim, then made-up ids from made_from on): a caller can have any procedure that echoes
+    -- its input do as much
+    create procedure progress_test.forge(victim bigint, made_from bigint, made integer)
+    language plpgsql as $$
+    begin
+      raise notice 'asyncproc.progress %', json_build_object('percent', 7, 'message', 'forged', 'execution', victim::text);
+      for i in 0..made - 1 loop
+        raise notice 'asyncproc.progress %', json_build_object('percent', 7, 'message', 'forged', 'execution', (made_from + i)::text);
+      end loop;
+      perform pg_sleep(0.3);
+    end $$;
     select asyncproc.register('progress_test.steps');
     select asyncproc.register('progress_test.chatty');
+    select asyncproc.register('progress_test.forge');
   `);
   alice = await bearer('alice');
   bob = await bearer('bob');
@@ -150,6 +163,24 @@ describe('live progress (PostgreSQL)', () => {
       engine.getProgress = original;
       await Promise.all(iterators.map((iterator) => iterator.return?.()));
     }
+  });
+
+  it("a notice that names another call writes no one's progress: not a finished call of another caller's, nor thousands of made-up ones", async () => {
+    const victim = await invoke('progress_test.steps', { pause: 0 }, bob);
+    const ended = await collect(t.ws({ Authorization: bob.authorization }).iterate({ query: PROGRESS, variables: { t: victim } }));
+    assert.equal((ended.at(-1)!.data as { executionProgress: ProgressEvent }).executionProgress.progress.percent, 100);
+    const idOf = async (token: string) => (await sql.query<{ id: string }>('select id::text from asyncproc.executions where token = $1', [token])).rows[0].id;
+    const victimId = await idOf(victim);
+    const made = Array.from({ length: 3000 }, (_, i) => String(10_000_000 + i));
+    const forger = await invoke('progress_test.forge', { victim: Number(victimId), made_from: Number(made[0]), made: made.length });
+    // the forger's call ends, its notices all heard by its worker
+    await waitFor(async () => (await sql.query('select status from asyncproc.executions where token = $1', [forger])).rows[0].status === 'SUCCEEDED', 20_000, 'the forger to end');
+    await new Promise((resolve) => setTimeout(resolve, 500)); // longer than the throttle's interval: what it would write is written
+    const stored = await sql.query<{ execution_id: string; percent: number; message: string }>(
+      'select execution_id::text, percent::float8 as percent, message from asyncproc.execution_progress where execution_id = any($1::bigint[]) or message = $2',
+      [[victimId, ...made, await idOf(forger)], 'forged'],
+    );
+    assert.deepEqual(stored.rows, [{ execution_id: victimId, percent: 100, message: 'done' }], 'only the victim\'s own last report');
   });
 
   it('Execution.progress is null for a call that reported none', async () => {

@@ -331,13 +331,16 @@ class QueueWorkers {
       client.executionId = next.id;
       client.transactional = next.transactional;
       client.token = next.token;
+      const grouped = next.transactional && this.grouping.size > 1 && next.timeoutMs === 0 && !client.alone;
+      client.group = grouped ? { size: this.grouping.size, others: new Set() } : null;
       next = !next.transactional
         ? await this.runAtTopLevel(client, worker, next.id, next.timeoutMs, call)
-        : this.grouping.size > 1 && next.timeoutMs === 0 && !client.alone
+        : grouped
           ? await this.runGroup(client, worker, next.id, call)
           : await this.runAlone(client, worker, next.id, next.timeoutMs, call);
     }
     client.executionId = null;
+    client.group = null;
   }
 
   /**

@@ -7,8 +7,31 @@ const PREFIX = 'asyncproc.progress ';
 /** The channel a stored report is announced on; the payload is the execution id. */
 export const PROGRESS_CHANNEL = 'asyncproc_progress';
 
-/** A worker connection, and the call it runs now (set by the activator; null between calls). */
-export type ProgressSource = pg.Client & { executionId?: string | null };
+/**
+ * A worker connection, and the call it runs now (set by the activator; null between calls).
+ * `group`: while that call heads a grouped commit, how many calls the group may hold and the
+ * other calls' ids reported so far (a report names its call then: run_group sets it).
+ */
+export type ProgressSource = pg.Client & { executionId?: string | null; group?: { size: number; others: Set<string> } | null };
+
+/**
+ * Whose a report on `client` is: the call it runs, or (a grouped commit) another call of its
+ * group, at most as many as the group holds; null: no one's. A notice is text any procedure can
+ * raise: one naming a call it does not run wrote that call's progress (even a finished call's
+ * of another caller), and thousands naming as many calls each passed the throttle, which is per
+ * call, and starved the pool.
+ */
+export function reportedCall(client: ProgressSource, named: string | undefined): string | null {
+  const own = client.executionId ?? null;
+  if (!own || named === undefined || named === own) return own;
+  const group = client.group;
+  if (!group) return null;
+  if (!group.others.has(named)) {
+    if (group.others.size >= group.size - 1) return null;
+    group.others.add(named);
+  }
+  return named;
+}
 
 interface Report {
   percent: number;
@@ -64,7 +87,7 @@ export class ProgressRelay {
   attach(client: ProgressSource): void {
     client.on('notice', (notice) => {
       const report = parseProgressNotice(notice.message);
-      const executionId = report?.execution ?? client.executionId;
+      const executionId = report && reportedCall(client, report.execution);
       if (report && executionId) this.report(executionId, { percent: report.percent, message: report.message });
     });
   }
