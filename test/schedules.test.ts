@@ -362,6 +362,38 @@ describe('schedules on PostgreSQL', () => {
     await engine.deleteSchedule(name);
   });
 
+  it("a fire whose call cannot be submitted (its arguments' domain check raises) fails alone, visibly: the other schedules due with it fire", async () => {
+    // arguments checked by a function that raises once their customer is gone: the error is not
+    // one of the service's own (AP001–AP005), and it rolled back the page of every fire with it
+    await sql.query(`
+      create table public.customers (id integer primary key);
+      insert into public.customers values (1);
+      create function public.known_customer(id integer) returns boolean language plpgsql as $$
+      begin
+        if not exists (select from public.customers c where c.id = known_customer.id) then
+          raise exception 'unknown customer %', id;
+        end if;
+        return true;
+      end $$;
+      create domain public.customer_id as integer check (public.known_customer(value));
+      create procedure public.bill(customer public.customer_id) language plpgsql as $$ begin end $$;`);
+    await engine.registerProcedure('public.bill');
+    const poison = await engine.createSchedule({ name: 'bill-1', procedure: 'public.bill', arguments: { customer: 1 }, cron: '0 0 1 1 *' });
+    const healthy = await engine.createSchedule({ name: 'healthy', procedure: 'demo.noop', arguments: {}, cron: '0 0 1 1 *' });
+    await sql.query('delete from public.customers');
+    const fired = await fireDueSchedules(engine.pool, () => new Date(Math.max(poison.nextRunAt!.getTime(), healthy.nextRunAt!.getTime()) + 1000));
+    assert.equal(fired.length, 2, 'both fired');
+    const [failed] = (await engine.listExecutions({ schedule: 'bill-1' }, { first: 10 })).items;
+    assert.deepEqual([failed.status, failed.error?.number], ['FAILED', 'P0001']);
+    assert.match(failed.error!.message, /^schedule "bill-1": unknown customer 1/);
+    const [ran] = (await engine.listExecutions({ schedule: 'healthy' }, { first: 10 })).items;
+    assert.ok(ran && ran.status !== 'FAILED', JSON.stringify(ran));
+    for (const [name, before] of [['bill-1', poison], ['healthy', healthy]] as const) {
+      assert.ok((await engine.getSchedule(name))!.nextRunAt! > before.nextRunAt!, `${name} moved on`);
+      await engine.deleteSchedule(name);
+    }
+  });
+
   it("relative dates in a schedule's arguments ('today') are read in the schedule's time zone, not the database's", async () => {
     await sql.query(`create procedure public.on_day(d date, at timestamptz) language plpgsql as $$ begin end $$`);
     await engine.registerProcedure('public.on_day');

@@ -20,6 +20,8 @@ declare
   previous text;
   fires_now boolean;
   zone      text := current_setting('TimeZone');
+  refused   text;
+  why       text;
 begin
   for fire in
     select f.name, f.due, f.next, coalesce(f.missed, false) as missed
@@ -39,6 +41,7 @@ begin
       fires_now := previous is null or previous in ('SUCCEEDED', 'FAILED', 'CANCELLED');
     end if;
     started := null;
+    refused := null;
     if fires_now then
       begin
         -- relative dates in its arguments ('today', 'tomorrow 08:00') are read in the schedule's
@@ -52,18 +55,30 @@ begin
         -- run_at: the scheduled instant this execution stands for
         started := asyncproc.submit(s.procedure, s.arguments, s.queue, fire.due, s.max_attempts, s.created_by);
         perform set_config('TimeZone', zone, true);
-      exception when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' then
-        -- a procedure unregistered (or changed) since the schedule was made fails visibly: a FAILED execution,
-        -- in the queue its call would have had (the schedule's, else the procedure's registered one)
+      exception when others then
+        -- what may pass (a deadlock, a serialization failure, a lock or resource limit, the server
+        -- shutting down, an internal error) is raised: the page is fired again at the next tick
+        if left(sqlstate, 2) in ('40', '53', '55', '57', '58', 'XX') then
+          raise;
+        end if;
+        refused := sqlstate;
+        why := sqlerrm;
+      end;
+      if refused is not null then
+        -- a call that cannot be submitted fails visibly, and alone: a FAILED execution, in the queue
+        -- its call would have had (the schedule's, else the procedure's registered one). A procedure
+        -- unregistered or changed since (AP001–AP005), or arguments its types now refuse (a
+        -- domain's check raising, say): raised, it rolled back the whole page, and this schedule,
+        -- the oldest due, headed every page after it, so no schedule fired in any process again
         insert into asyncproc.executions (procedure, arguments, queue, status, run_at, finished_at, max_attempts,
                                           submitted_by, error_number, error_message)
         values (s.procedure, s.arguments,
                 coalesce(s.queue, (select r.queue from asyncproc.procedures r where r.name = s.procedure), 'default'),
                 'FAILED', fire.due, clock_timestamp(),
-                coalesce(s.max_attempts, 1), s.created_by, sqlstate, 'schedule "' || s.name || '": ' || sqlerrm)
+                coalesce(s.max_attempts, 1), s.created_by, refused, 'schedule "' || s.name || '": ' || why)
         returning * into started;
         perform asyncproc.emit(started.id, started.seq, started.status);
-      end;
+      end if;
       update asyncproc.executions e set schedule_name = s.name where e.id = started.id returning * into started;
     end if;
     update asyncproc.schedules x
