@@ -357,6 +357,30 @@ describe('single calls of separate requests share statements', () => {
   });
 });
 
+describe("a pool connection cut while it is handed out", () => {
+  it("fails its caller's statement and stops nothing: an idle transaction's connection terminated between two statements", async () => {
+    // pg-pool listens for a connection's errors only while it is idle: cut while handed out,
+    // it raised an unhandled 'error' that ended the process (a start-up's migration met it)
+    const uncaught: Error[] = [];
+    const seen = (error: Error) => void uncaught.push(error);
+    process.on('uncaughtException', seen);
+    const outcome = engine.withTransaction(async (tx) => {
+      const { rows } = await tx.query<{ pid: number }>('select pg_backend_pid() as pid');
+      await sql.query('select pg_terminate_backend($1)', [rows[0].pid]);
+      await sleep(500); // the termination reaches the idle connection meanwhile
+      await tx.query('select 1');
+    });
+    try {
+      await assert.rejects(outcome, (e: { code?: string; message?: string }) => e.code === '57P01' || /terminat|connection error/i.test(e.message ?? ''));
+    } finally {
+      process.off('uncaughtException', seen);
+    }
+    assert.deepEqual(uncaught.map((e) => e.message), [], 'nothing thrown past the caller (in a service: the process would have ended)');
+    // the pool goes on with fresh connections
+    assert.equal((await engine.pool.query('select 1 as one')).rows[0].one, 1);
+  });
+});
+
 describe('a read of the change feed', () => {
   it('visits what the position does not see, never the history before it (with or without table statistics, planned for its values or generic)', async () => {
     const dbUrl = await cluster.createDatabase();

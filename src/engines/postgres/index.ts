@@ -87,6 +87,10 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
       // awaited by the pool before it hands the new connection out (a query queued beside the
       // first one on a 'connect' event is deprecated by pg, and goes in pg 9)
       onConnect: async (client) => {
+        // for its whole life: pg-pool listens for errors only while a connection is idle, and one
+        // that failed while handed out (cut between two statements of a transaction, say) threw an
+        // unhandled 'error' that stopped the process; the statement on it fails, for its caller
+        client.on('error', (error) => this.logger.debug({ err: { message: error.message, code: (error as { code?: string }).code } }, 'pool connection failed'));
         await liftSessionLimits(client).catch((error: unknown) => this.logger.debug({ err: error }, 'could not lift the session limits'));
         await isoDates(client);
       },
