@@ -15,6 +15,7 @@ import {
   type ExecutionEvent,
   type ExecutionFilter,
   type ExecutionProgress,
+  type ExecutionStatus,
   type ListenerSink,
   type OwnChange,
 } from './engine.js';
@@ -488,22 +489,36 @@ export class CompletionHub implements ListenerSink, Closeable {
     const id = first.id;
     return new Repeater<Execution>(async (push, stop) => {
       let last: ExecutionProgress | null = null;
+      /** The status of the last event pushed. */
+      let told: ExecutionStatus | null = null;
       let ended = false;
       const readOnce = async () => {
         const read = await this.readProgress(id, token);
         if (!read || (last && read.progress.at.getTime() <= last.at.getTime())) return;
         last = read.progress;
+        told = read.execution.status;
         this.observer.onDelivered?.(1);
         await push({ ...read.execution, progress: read.progress });
       };
       const read = untilQuiet(readOnce, () => false, (error) =>
         this.logger.warn({ err: toError(error) }, "could not read an execution's progress"),
       );
-      const end = () => {
+      /**
+       * The stream's end, with the execution as it ended (null: gone, purged). Its last event says
+       * how the call ended: when no report came after the end, the ended execution with the last
+       * report (a call that failed at 50 % ended its stream at RUNNING 50 %, and a call cancelled
+       * before it started with no event at all).
+       */
+      const end = (final: Execution | null) => {
         if (ended) return;
         ended = true;
         void sleep(this.options.progressSettleMs ?? 500)
           .then(() => read())
+          .then(async () => {
+            if (!final || (told !== null && isTerminal(told))) return;
+            this.observer.onDelivered?.(1);
+            await push({ ...final, progress: last });
+          })
           .finally(() => stop());
       };
       let set = this.progressWatchers.get(id);
@@ -513,17 +528,17 @@ export class CompletionHub implements ListenerSink, Closeable {
       const unwatch = this.watch(
         [id],
         (execution) => {
-          if (isTerminal(execution.status)) end();
+          if (isTerminal(execution.status)) end(execution);
         },
         this.watchers,
         // retention purged ends the feed had not read (checkPurged): a call gone or ended ends the stream
-        () => void this.reread(() => this.engine.getExecution(token), () => ended).then((read) => read && (!read.row || isTerminal(read.row.status)) && end()),
+        () => void this.reread(() => this.engine.getExecution(token), () => ended).then((read) => read && (!read.row || isTerminal(read.row.status)) && end(read.row)),
       );
       try {
         await read();
         // the end may fall before the watch began
         const now = await this.engine.getExecution(token);
-        if (!now || isTerminal(now.status)) end();
+        if (!now || isTerminal(now.status)) end(now);
         await stop;
       } finally {
         unwatch();

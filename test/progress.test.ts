@@ -66,6 +66,14 @@ before(async () => {
     select asyncproc.register('progress_test.steps');
     select asyncproc.register('progress_test.chatty');
     select asyncproc.register('progress_test.forge');
+    create procedure progress_test.half_then_fail()
+    language plpgsql as $$
+    begin
+      perform asyncproc.progress(50, 'half');
+      perform pg_sleep(0.5);
+      raise exception 'broke at half';
+    end $$;
+    select asyncproc.register('progress_test.half_then_fail');
   `);
   alice = await bearer('alice');
   bob = await bearer('bob');
@@ -109,14 +117,11 @@ describe('live progress (PostgreSQL)', () => {
       }
     }
     assert.deepEqual(atFirst, { status: 'RUNNING', marks: 0, field: { status: 'RUNNING', progress: { percent: 50, message: 'half' } } });
-    assert.deepEqual(
-      events.map((e) => [e.status, e.progress.percent, e.progress.message]),
-      [
-        ['RUNNING', 50, 'half'],
-        // the last report may be read before or after the call's end was
-        [events[1]?.status === 'SUCCEEDED' ? 'SUCCEEDED' : 'RUNNING', 100, 'done'],
-      ],
-    );
+    const seen = events.map((e) => [e.status, e.progress.percent, e.progress.message]);
+    assert.deepEqual(seen[0], ['RUNNING', 50, 'half']);
+    assert.deepEqual(seen.at(-1), ['SUCCEEDED', 100, 'done'], 'the last event says how the call ended');
+    // the last report may be read before the call's end was: then the end comes as one more event
+    assert.ok(seen.length === 2 || (seen.length === 3 && JSON.stringify(seen[1]) === JSON.stringify(['RUNNING', 100, 'done'])), JSON.stringify(seen));
     assert.ok(Date.parse(events[1].progress.at) > Date.parse(events[0].progress.at));
     // the call ended, its writes are there, and the field keeps the last report
     const { body } = await t.gql(`query($t: ID!) { execution(token: $t) { status progress { percent message } } }`, { t: token }, alice);
@@ -163,6 +168,27 @@ describe('live progress (PostgreSQL)', () => {
       engine.getProgress = original;
       await Promise.all(iterators.map((iterator) => iterator.return?.()));
     }
+  });
+
+  it("the stream's last event says how the call ended, also when no report came after the end: FAILED at 50 %, CANCELLED before it started", async () => {
+    const events = async (token: string) =>
+      (await collect(t.ws({ Authorization: alice.authorization }).iterate({ query: PROGRESS, variables: { t: token } }))).map((r) => {
+        assert.equal(r.errors, undefined, JSON.stringify(r.errors));
+        const e = (r.data as { executionProgress: ProgressEvent }).executionProgress;
+        return [e.status, e.progress?.percent ?? null];
+      });
+    const failing = await invoke('progress_test.half_then_fail', {});
+    assert.deepEqual(await events(failing), [['RUNNING', 50], ['FAILED', 50]]);
+    // not started (waiting for its runAt), cancelled while watched: no report, one event
+    const { body } = await t.gql(`mutation($i: InvokeInput!) { invoke(input: $i) { execution { token } } }`, { i: { procedure: 'progress_test.steps', arguments: { pause: 0 }, runAt: new Date(Date.now() + 3_600_000).toISOString() } }, alice);
+    const waiting = body.data.invoke.execution.token as string;
+    const watched = events(waiting);
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    const cancelled = await t.gql(`mutation($t: ID!) { cancelExecution(token: $t) { execution { status } } }`, { t: waiting }, alice);
+    assert.equal(cancelled.body.data?.cancelExecution?.execution?.status, 'CANCELLED', JSON.stringify(cancelled.body));
+    assert.deepEqual(await watched, [['CANCELLED', null]]);
+    // subscribed after the end: the end, once
+    assert.deepEqual(await events(waiting), [['CANCELLED', null]]);
   });
 
   it("a notice that names another call writes no one's progress: not a finished call of another caller's, nor thousands of made-up ones", async () => {

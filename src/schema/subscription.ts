@@ -17,7 +17,7 @@ builder.subscriptionFields((t) => ({
   executionProgress: t.field({
     type: ExecutionRef,
     description:
-      "Progress reports of a call as it runs (the procedure calls `asyncproc.progress(percent, message)` on PostgreSQL, `asyncexec.usp_AsyncExecProgress @percent, @message` on SQL Server), each event the execution with its `progress`: first the latest report, if any, then each newer one (a few a second at most, the latest winning); the stream ends when the execution ends. Another caller's token answers as an unknown one does (NOT_FOUND).",
+      "Progress reports of a call as it runs (the procedure calls `asyncproc.progress(percent, message)` on PostgreSQL, `asyncexec.usp_AsyncExecProgress @percent, @message` on SQL Server), each event the execution with its `progress`: first the latest report, if any, then each newer one (a few a second at most, the latest winning); the stream ends when the execution ends, its last event the execution as it ended (with its last report, if any). Another caller's token answers as an unknown one does (NOT_FOUND).",
     args: { token: t.arg.id({ required: true }) },
     subscribe: (_root, { token }, { hub, principal, wanted, waitsForDatabase }) =>
       withId(String(token), 'Execution', (uuid) => hub.progress(uuid, (execution) => owns(principal, execution.submittedBy), wanted, waitsForDatabase)),
