@@ -53,7 +53,7 @@ export async function revokeApiKey(pool: sql.ConnectionPool, id: string): Promis
     .request()
     .input('id', sql.UniqueIdentifier, id)
     .query<Row>(
-      `UPDATE k SET revoked_at = CASE WHEN k.revoked_at IS NULL OR k.revoked_at > SYSUTCDATETIME() THEN SYSUTCDATETIME() ELSE k.revoked_at END
+      `UPDATE k SET revoked_at = CASE WHEN k.revoked_at IS NULL OR k.revoked_at > CAST(SYSUTCDATETIME() AS datetime2(3)) THEN SYSUTCDATETIME() ELSE k.revoked_at END
        OUTPUT ${columns('inserted')}
        FROM asyncexec.AsyncExecApiKeys AS k WHERE k.id = @id;`,
     );
@@ -114,7 +114,10 @@ export async function rotateApiKey(pool: sql.ConnectionPool, id: string, success
 }
 
 /**
- * The live key with this hash. Its use is recorded at most once a minute, so a busy key
+ * The live key with this hash. Its revoked_at is compared with the clock at the column's
+ * precision (as in revokeApiKey): SYSUTCDATETIME() is datetime2(7), stored in datetime2(3) it is
+ * rounded, up by as much as half a millisecond, and a key revoked "now" compared with the
+ * unrounded clock went on working for that long. Its use is recorded at most once a minute, so a busy key
  * does not write on every request: the UPDATE's WHERE reads last_used_at on the row it
  * locks, so callers at once write it once; the SELECT then reads the row as it is.
  */
@@ -125,10 +128,10 @@ export async function findApiKey(pool: sql.ConnectionPool, secretHash: string): 
     .input('secretHash', sql.VarBinary(32), hashBytes(secretHash))
     .query<Row>(
       `UPDATE asyncexec.AsyncExecApiKeys SET last_used_at = SYSUTCDATETIME()
-        WHERE secret_hash = @secretHash AND (revoked_at IS NULL OR revoked_at > SYSUTCDATETIME())
+        WHERE secret_hash = @secretHash AND (revoked_at IS NULL OR revoked_at > CAST(SYSUTCDATETIME() AS datetime2(3)))
           AND (last_used_at IS NULL OR last_used_at < DATEADD(minute, -1, SYSUTCDATETIME()));
        SELECT ${columns('k')} FROM asyncexec.AsyncExecApiKeys AS k
-        WHERE k.secret_hash = @secretHash AND (k.revoked_at IS NULL OR k.revoked_at > SYSUTCDATETIME());`,
+        WHERE k.secret_hash = @secretHash AND (k.revoked_at IS NULL OR k.revoked_at > CAST(SYSUTCDATETIME() AS datetime2(3)));`,
     );
   return result.recordset[0] ? toKey(result.recordset[0]) : null;
 }
