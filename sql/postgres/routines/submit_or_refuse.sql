@@ -2,7 +2,8 @@
 -- a call the checks refuse (AP001 unknown procedure, AP002 invalid arguments, AP003 unknown
 -- queue, AP004, AP005 forbidden, AP012 an idempotency key sent before with another call, AP013 one
 -- another transaction holds; or an
--- argument PostgreSQL cannot read as its parameter's type, class 22) is reported by its SQLSTATE, message and hint instead of raised. The exception block
+-- argument PostgreSQL cannot read as its parameter's type, class 22, or that a domain's check
+-- refuses as a hard error, 23514 or a RAISE, P0001, of a function it calls) is reported by its SQLSTATE, message and hint instead of raised. The exception block
 -- is a subtransaction: what the refused submit wrote is rolled back to it alone, and the caller's
 -- transaction goes on as it was. Raised, the refusal aborted the caller's transaction, and a
 -- caller that caught it and committed got a ROLLBACK for everything it had done.
@@ -20,7 +21,7 @@ begin
                                   caller_roles => caller_roles, idempotency_key => idempotency_key);
   exception
     when sqlstate 'AP001' or sqlstate 'AP002' or sqlstate 'AP003' or sqlstate 'AP004' or sqlstate 'AP005' or sqlstate 'AP012' or sqlstate 'AP013'
-         or data_exception then
+         or data_exception or check_violation or raise_exception then
       get stacked diagnostics refused_code = returned_sqlstate, refused_message = message_text, refused_hint = pg_exception_hint;
       refused_hint := nullif(refused_hint, '');
   end;

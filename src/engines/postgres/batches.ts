@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { checkIdempotencyKey, EngineError, isUuid, refuseKeysInBatch, type Batch, type BatchStage, type Execution, type InvokeCall, type SubmitBatchOptions } from '../../engine.js';
-import { mapDatabaseError } from './errors.js';
+import { mapSubmitError } from './errors.js';
 import { callsAsJson, checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
@@ -35,7 +35,7 @@ export async function submitBatch(
     );
     return { executions: rows.map(toExecution), replayed: options.idempotencyKey != null && rows[0]?.replayed === true };
   } catch (error) {
-    throw mapDatabaseError(error);
+    throw mapSubmitError(error);
   }
 }
 

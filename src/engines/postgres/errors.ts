@@ -33,6 +33,22 @@ export function mapDatabaseError(error: unknown): unknown {
 }
 
 /**
+ * An error a submit raised, as mapDatabaseError maps it; and one raised by the arguments' own
+ * types rather than by asyncproc is INVALID_ARGUMENTS with the database's words: a data exception
+ * (class 22) or a check violation (23514) an input function or a domain's check raised as a hard
+ * error (the checks before the insert read types with pg_input_is_valid, which reports soft errors
+ * only), or a PL/pgSQL RAISE (P0001) of a function a domain's check calls. Passed through, they
+ * were answered as unexpected errors (INTERNAL_SERVER_ERROR). Nothing was stored either way.
+ */
+export function mapSubmitError(error: unknown): unknown {
+  const code = (error as { code?: unknown })?.code;
+  if (typeof code === 'string' && (code.startsWith('22') || code === '23514' || code === 'P0001')) {
+    return new EngineError('INVALID_ARGUMENTS', `the arguments were refused: ${(error as Error).message}`, { cause: error });
+  }
+  return mapDatabaseError(error);
+}
+
+/**
  * SQLSTATEs that pass by themselves (besides class 08, connection exception): the server shutting
  * down or starting up (57P01–57P03, also a failover's new primary coming up), too many
  * connections and out of memory (53300, 53200), a serialization failure or deadlock (40001,

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { checkIdempotencyKey, EngineError, LONE_SURROGATE, markReplayed, type Execution, type InvokeCall } from '../../engine.js';
 import { callerRoles } from '../identity.js';
-import { mapDatabaseError } from './errors.js';
+import { mapSubmitError } from './errors.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 import { ENGINE_TYPES } from './types.js';
 
@@ -89,13 +89,13 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
     // the engine's parsers, whatever the caller's client reads its own values with
     ({ rows: [row] } = await tx.query({ text: SUBMIT_IN_CALLERS_TRANSACTION, values: submitValues(checked, quiet), types: ENGINE_TYPES }));
   } catch (error) {
-    throw mapDatabaseError(error);
+    throw mapSubmitError(error);
   }
   // refused without failing the statement: the caller's transaction goes on (submit_or_refuse.sql)
   if (row.refused_code !== null) {
     // class 22: an argument PostgreSQL could not read as its parameter's type
     if (row.refused_code.startsWith('22')) throw new EngineError('INVALID_ARGUMENTS', row.refused_message ?? 'invalid arguments');
-    throw mapDatabaseError(Object.assign(new Error(row.refused_message ?? 'refused'), { code: row.refused_code, hint: row.refused_hint ?? undefined }));
+    throw mapSubmitError(Object.assign(new Error(row.refused_message ?? 'refused'), { code: row.refused_code, hint: row.refused_hint ?? undefined }));
   }
   return submitted(row);
 }
@@ -150,7 +150,7 @@ export async function submitMany(pool: pg.Pool, calls: readonly InvokeCall[]): P
   try {
     return await submitRows(pool, calls);
   } catch (error) {
-    throw mapDatabaseError(error);
+    throw mapSubmitError(error);
   }
 }
 
@@ -241,12 +241,12 @@ export class SubmitCoalescer {
       calls.forEach((w, i) => w.resolve(executions[i]));
     } catch (error) {
       if (calls.length === 1 || !rolledBack(error)) {
-        for (const w of calls) w.reject(mapDatabaseError(error));
+        for (const w of calls) w.reject(mapSubmitError(error));
         return;
       }
       // which call failed is not known: each alone, at once (the slot is held meanwhile)
       await Promise.all(
-        calls.map((w) => submitRows(this.pool, [w.call]).then(([execution]) => w.resolve(execution), (e: unknown) => w.reject(mapDatabaseError(e)))),
+        calls.map((w) => submitRows(this.pool, [w.call]).then(([execution]) => w.resolve(execution), (e: unknown) => w.reject(mapSubmitError(e)))),
       );
     }
   }

@@ -17,7 +17,7 @@ import {
   type ScheduleRow,
 } from '../../schedules.js';
 import { callerRoles } from '../identity.js';
-import { mapDatabaseError } from './errors.js';
+import { mapDatabaseError, mapSubmitError } from './errors.js';
 import { checkArguments } from './invoke.js';
 import { EXECUTION_COLUMNS, toExecution, type ExecutionRow } from './rows.js';
 
@@ -52,6 +52,9 @@ async function dryRun(client: pg.ClientBase, s: CompleteInput): Promise<void> {
       s.maxAttempts,
       callerRoles(s.callerRoles),
     ]);
+  } catch (error) {
+    // refused as invoke refuses it (a domain's check raising: INVALID_ARGUMENTS)
+    throw mapSubmitError(error);
   } finally {
     await client.query('rollback to savepoint schedule_check');
   }
