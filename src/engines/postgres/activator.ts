@@ -27,6 +27,11 @@ export interface PostgresActivatorOptions extends ActivatorOptions {
   notifier: Notifier;
   /** Forwards the progress the calls report (asyncproc.progress()). */
   progress?: ProgressRelay;
+  /**
+   * Cut short the connections the shared pool has on their way: the stop's housekeeping waited in
+   * one for the connect timeout (30 s) while the database took no new connections.
+   */
+  cutPoolConnects?: () => void;
   /** Period of the housekeeping tick (recover lost calls, release due ones, fallback wake). @default 1000 */
   tickMs?: number;
   /** Finished history older than this is purged. @default 7 days */
@@ -926,6 +931,9 @@ export class PostgresActivator implements Closeable {
     this.stopping = true;
     if (this.ticker) clearInterval(this.ticker);
     if (this.dueTimer) clearTimeout(this.dueTimer);
+    // the housekeeping under way may wait for a pool connection: one on its way is cut (its
+    // statement fails, and the tick with it); a database that answers gives one at once after
+    this.options.cutPoolConnects?.();
     await this.housekeeping;
     // a connection on its way (a worker's, or the wake listener's reconnect) is cut short: a
     // database that does not answer would hold the stop for the connect timeout

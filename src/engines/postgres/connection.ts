@@ -1,4 +1,4 @@
-import type pg from 'pg';
+import pg from 'pg';
 import { ENGINE_TYPES } from './types.js';
 
 /**
@@ -66,6 +66,30 @@ export async function isoDates(client: Pick<pg.Client, 'query'>): Promise<void> 
  */
 export function cutShort(client: pg.Client): void {
   client.connection.stream.destroy();
+}
+
+/**
+ * A client class for a pool whose connections on their way can be cut short (cutShort): each is
+ * in `opening` while it connects. pg-pool gives no handle on a connect it has begun, and a stop
+ * waited for one to a database that does not answer for the whole connect timeout.
+ */
+export function trackedClient(opening: Set<pg.Client>): typeof pg.Client {
+  return class TrackedClient extends pg.Client {
+    // pg-pool connects with a callback; the promise form is kept for anyone else
+    override connect(): Promise<pg.Client>;
+    override connect(callback: (err: Error) => void): void;
+    override connect(callback?: (err: Error) => void): Promise<pg.Client> | void {
+      opening.add(this);
+      if (callback) {
+        super.connect((err: Error) => {
+          opening.delete(this);
+          callback(err);
+        });
+        return;
+      }
+      return super.connect().finally(() => opening.delete(this));
+    }
+  };
 }
 
 /** Client side of the keepalive: the first probe after this long idle. */

@@ -24,7 +24,7 @@ import { Closeables } from '../closeables.js';
 import { silentLogger } from '../../logger.js';
 import { PostgresActivator } from './activator.js';
 import { checkDeployment } from './checks.js';
-import { connectionConfig, isoDates, liftSessionLimits } from './connection.js';
+import { connectionConfig, cutShort, isoDates, liftSessionLimits, trackedClient } from './connection.js';
 import { countExecutions, currentPosition, getExecutions, listExecutions, purgeHorizon, readChanges } from './executions.js';
 import { invoke, SubmitCoalescer, submitMany } from './invoke.js';
 import { isTransient } from './errors.js';
@@ -77,11 +77,14 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   private readonly notifier: Notifier;
   private readonly progress: ProgressRelay;
   private readonly activators = new Set<PostgresActivator>();
+  /** The pool's connections on their way (an activator's stop cuts them short). */
+  private readonly poolOpening = new Set<pg.Client>();
 
   constructor(readonly options: PostgresEngineOptions) {
     this.logger = options.logger ?? silentLogger;
     this.pool = new pg.Pool({
       ...connectionConfig(options.connectionString),
+      Client: trackedClient(this.poolOpening),
       max: options.poolSize ?? 10,
       application_name: 'asyncproc',
       // awaited by the pool before it hands the new connection out (a query queued beside the
@@ -302,6 +305,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
         retentionMs: this.options.retentionMs,
         notifier: this.notifier,
         progress: this.progress,
+        cutPoolConnects: () => this.poolOpening.forEach(cutShort),
       },
       this.pool,
     );
