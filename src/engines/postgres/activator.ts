@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { ActivatorOptions, Closeable, ExecutionStatus, GroupCommits } from '../../engine.js';
 import { toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig, cutShort, liftSessionLimits } from './connection.js';
+import { connectionConfig, cutShort, liftSessionLimits, trackedClient } from './connection.js';
 import type { Notifier } from './notifier.js';
 import type { ProgressRelay, ProgressSource } from './progress.js';
 import { rowFromJson, toExecution } from './rows.js';
@@ -694,6 +694,7 @@ export class PostgresActivator implements Closeable {
   private wakerConnecting: Promise<void> = Promise.resolve();
   /** Connections on their way (connect()). */
   private readonly opening = new Set<pg.Client>();
+  private readonly Client = trackedClient(this.opening);
   private ticker: NodeJS.Timeout | null = null;
   private lastPurge = 0;
   private housekeeping: Promise<void> = Promise.resolve();
@@ -717,20 +718,15 @@ export class PostgresActivator implements Closeable {
   async connect(applicationName: string): Promise<pg.Client> {
     // none begins once the stop has begun (close() cuts short those under way)
     if (this.stopping) throw new Error('the activator is stopping');
-    const client: SlotClient = new pg.Client({
+    // one still on its way when the stop comes is cut short there (close())
+    const client: SlotClient = new this.Client({
       // no statement_timeout but the one a call's procedure sets: a server default must not cut calls
       ...connectionConfig(this.options.connectionString, { statement_timeout: '0' }),
       application_name: applicationName,
     });
     client.statementTimeout = 0;
     client.on('error', (error) => this.options.logger.debug({ err: error }, 'worker connection error'));
-    // one still on its way when the stop comes is cut short there (close())
-    this.opening.add(client);
-    try {
-      await client.connect();
-    } finally {
-      this.opening.delete(client);
-    }
+    await client.connect();
     await liftSessionLimits(client);
     // a killed worker's running statement is abandoned within a second, so its call is recovered promptly
     await client.query(`set client_connection_check_interval = 1000`).catch(() => undefined);

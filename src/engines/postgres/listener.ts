@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { Closeable, ListenerSink } from '../../engine.js';
 import { EXECUTION_STATUSES, toError } from '../../engine.js';
 import type { Logger } from '../../logger.js';
-import { connectionConfig, cutShort, liftSessionLimits } from './connection.js';
+import { connectionConfig, cutShort, liftSessionLimits, trackedClient } from './connection.js';
 import { PROGRESS_CHANNEL } from './progress.js';
 
 export interface PostgresListenerOptions {
@@ -39,7 +39,9 @@ export class PostgresListener implements Closeable {
   private backoff = 100;
   private reconnectTimer: NodeJS.Timeout | null = null;
   private connecting: Promise<void> | null = null;
-  private opening: pg.Client | null = null;
+  /** A connection on its way (close() cuts it short). */
+  private readonly opening = new Set<pg.Client>();
+  private readonly Client = trackedClient(this.opening);
   private malformed = 0;
 
   constructor(private readonly options: PostgresListenerOptions) {}
@@ -54,7 +56,7 @@ export class PostgresListener implements Closeable {
   }
 
   private async connect(isReconnect: boolean): Promise<void> {
-    const client = new pg.Client({ ...connectionConfig(this.options.connectionString), application_name: 'asyncproc listener' });
+    const client = new this.Client({ ...connectionConfig(this.options.connectionString), application_name: 'asyncproc listener' });
     let lost = false;
     const onLost = (error?: Error) => {
       if (lost) return;
@@ -85,7 +87,6 @@ export class PostgresListener implements Closeable {
       if (msg.channel === 'asyncproc_events' && this.options.ownSender?.(msg.processId)) return;
       this.hear(msg.channel, msg.payload);
     });
-    this.opening = client;
     try {
       await client.connect();
       await liftSessionLimits(client);
@@ -94,8 +95,6 @@ export class PostgresListener implements Closeable {
       onLost(toError(error));
       if (!isReconnect) throw error;
       return;
-    } finally {
-      this.opening = null;
     }
     // closed while this connection was on its way (a reconnect the close did not see): it must
     // not outlive the close, nor start a probe that would keep the process from exiting
@@ -162,7 +161,7 @@ export class PostgresListener implements Closeable {
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
     // a reconnect on its way is cut short (a database that does not answer would hold the close
     // for the connect timeout); one that got through ends its connection once it sees the close
-    if (this.opening) cutShort(this.opening);
+    this.opening.forEach(cutShort);
     await this.connecting;
     await this.client?.end().catch(() => undefined);
     this.client = null;
