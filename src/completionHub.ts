@@ -77,6 +77,8 @@ const REPLAY_PAGE = 500;
 const FEED_PAGE = 1000;
 
 const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+/** How long close() waits for a read of the feed under way. */
+const CLOSE_READ_WAIT_MS = 2000;
 /** At most one line this often about subscriptions whose reads fail (a database out of reach). */
 const SUBSCRIPTION_READS_LOG_MS = 10_000;
 
@@ -392,7 +394,11 @@ export class CompletionHub implements ListenerSink, Closeable {
   async close(): Promise<void> {
     this.closed = true;
     if (this.poller) clearInterval(this.poller);
-    await this.reading;
+    // a read under way is waited for a moment, not for as long as a database that does not answer
+    // holds it (a new pool connection's 30 s connect timeout; the engine's close, next, cuts it)
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([this.reading, new Promise((resolve) => (timer = setTimeout(resolve, CLOSE_READ_WAIT_MS)))]);
+    clearTimeout(timer);
   }
 
   /** Open executionEvents streams (tests: the subscriptions of other kinds do not count). */

@@ -264,6 +264,12 @@ describe('cancelling running calls', () => {
   });
 });
 
+/** The test cluster's postmaster: the parent of a session's backend. */
+async function postmasterPid(): Promise<number> {
+  const backend = (await sql.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0].pid;
+  return Number((await readFile(`/proc/${backend}/stat`, 'utf8')).split(') ')[1].split(' ')[1]);
+}
+
 describe('faults', () => {
   it('a listener and an activator stopped while they connect again leave no connection behind, and the stop does not wait for a database that does not answer', async () => {
     // a stop that met a reconnect on its way: the connection made after the stop stayed open, and
@@ -278,8 +284,7 @@ describe('faults', () => {
     try {
       assert.deepEqual(await connections(), names.slice().sort());
       // the postmaster stopped (SIGSTOP): sessions already open go on, a new connection waits unanswered
-      const backend = (await sql.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0].pid;
-      const postmaster = Number((await readFile(`/proc/${backend}/stat`, 'utf8')).split(') ')[1].split(' ')[1]);
+      const postmaster = await postmasterPid();
       process.kill(postmaster, 'SIGSTOP');
       let first: 'stopped' | 'waiting';
       try {
@@ -303,6 +308,29 @@ describe('faults', () => {
       await activator.close();
       await hub.close();
     }
+  });
+
+  it("the hub's last read and the engine's close do not wait for a database that takes no new connection", async () => {
+    // a service's stop after its activator's: the hub's poll had begun a read that waits for a
+    // new pool connection, and the pool's end waits for that connect (30 s each, before)
+    const own = createPostgresEngine({ connectionString: url, logger: silentLogger });
+    const hub = new CompletionHub(own, silentLogger);
+    await hub.start();
+    const postmaster = await postmasterPid();
+    let first: 'stopped' | 'waiting';
+    process.kill(postmaster, 'SIGSTOP');
+    try {
+      // its pool's connections gone: the next poll (every second) needs a new one
+      await sql.query(`select pg_terminate_backend(pid) from pg_stat_activity where application_name = 'asyncproc' and pid <> pg_backend_pid()`);
+      await sleep(1500);
+      const closing = hub.close().then(() => own.close());
+      first = await Promise.race([closing.then(() => 'stopped' as const), sleep(8000).then(() => 'waiting' as const)]);
+      process.kill(postmaster, 'SIGCONT');
+      await closing;
+    } finally {
+      process.kill(postmaster, 'SIGCONT');
+    }
+    assert.equal(first, 'stopped', 'the hub and the engine closed within 8 s, not after the connect timeout');
   });
 
   it('a call claimed by a live session is never started again; once that session dies it is', async () => {

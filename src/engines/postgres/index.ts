@@ -332,6 +332,9 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
   close(): Promise<void> {
     this.closing ??= (async () => {
       await this.closeables.closeAll();
+      // a pool connection on its way (to a database that does not answer) would hold the
+      // progress writes and the pool's end for the connect timeout: cut, its statement fails
+      this.poolOpening.forEach(cutShort);
       await this.progress.close();
       await this.notifier.close();
       await this.pool.end();
