@@ -11,7 +11,7 @@ import WebSocket, { WebSocketServer } from 'ws';
 import { CompletionHub } from '../src/completionHub.js';
 import { EngineError, type ExecutionEvent } from '../src/engine.js';
 import { silentLogger } from '../src/logger.js';
-import { startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
+import { sleep, startDemoDatabase, waitFor, type DemoDatabase } from './support/database.js';
 import { collect, startTestApp, type TestApp } from './support/app.js';
 
 let db: DemoDatabase;
@@ -351,8 +351,6 @@ describe('an event whose fields fail', () => {
     await db.engine.registerProcedure('fantest.quiet');
     const query = `subscription($f: ExecutionFilter) { executionEvents(filter: $f) { status execution { token history { status } } } }`;
     const variables = { f: { procedure: 'fantest.quiet' } };
-    // streams only: a watch an earlier test left may end meanwhile, and the machine may be busy (another test file runs beside)
-    const before = t.app.hub!.streamCount;
     // two subscribers of one shape (one shared result per event), and one over SSE
     const ws = t.ws();
     const streams = [ws.iterate({ query, variables }), t.ws().iterate({ query, variables }), t.sse().iterate({ query, variables })] as AsyncIterableIterator<any>[];
@@ -360,9 +358,19 @@ describe('an event whose fields fail', () => {
     const reading = streams.map(async (stream, i) => {
       for await (const result of stream) results[i].push(result);
     });
-    await waitFor(async () => t.app.hub!.streamCount >= before + 3, 20_000, 'the three subscriptions to join');
     const invoke = async () =>
       (await t.gql(`mutation { invoke(input: { procedure: "fantest.quiet" }) { execution { token } } }`)).body.data.invoke.execution.token as string;
+    // calls until each stream has heard one end: all three are subscribed (a count of the hub's
+    // streams taken before them also counted an earlier test's, which could end meanwhile)
+    await waitFor(
+      async () => {
+        await invoke();
+        await sleep(200);
+        return results.every((r) => r.some((result) => result.data?.executionEvents?.status === 'SUCCEEDED'));
+      },
+      20_000,
+      'the three subscriptions to hear a first end',
+    );
     // every read of a call's history now fails, as an unexpected database error does
     await db.sql.query('alter table asyncproc.attempts rename to attempts_away');
     try {
