@@ -7,7 +7,7 @@ import { startApp, startWorker, type App } from './app.js';
 import { createApiKey, DEFAULT_ROTATION_OVERLAP_SECONDS, rotateApiKey } from './auth/apiKeys.js';
 import { ConfigError, loadConfig } from './config.js';
 import { embeddedUrl } from './embeddedPostgres.js';
-import { EngineError, type ApiKey, type Engine } from './engine.js';
+import { apiKeyActive, EngineError, type ApiKey, type Engine } from './engine.js';
 import { createEngine } from './engines/index.js';
 import { createLogger } from './logger.js';
 import { openPsql, runSqlFile } from './sqlConsole.js';
@@ -104,7 +104,7 @@ program
 
 const printKey = (key: ApiKey) =>
   `${key.id}  ${key.name}  roles=${key.roles.join(',') || '-'}  ${key.prefix}…  created ${key.createdAt.toISOString()}` +
-  (key.revokedAt ? `  ${key.revokedAt.getTime() > Date.now() ? 'ROTATED, stops' : 'REVOKED'} ${key.revokedAt.toISOString()}` : '') +
+  (key.revokedAt ? `  ${apiKeyActive(key) ? 'ROTATED, stops' : 'REVOKED'} ${key.revokedAt.toISOString()}` : '') +
   (key.lastUsedAt ? `  last used ${key.lastUsedAt.toISOString()}` : '');
 
 const apiKeys = program.command('api-key').description('manage API keys in the database (the first admin key is made here)');

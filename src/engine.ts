@@ -278,6 +278,11 @@ export interface ApiKey {
   revokedAt: Date | null;
 }
 
+/** Whether a key works now: not revoked, or rotated and still within its overlap (its revokedAt ahead). */
+export function apiKeyActive(key: ApiKey, now = Date.now()): boolean {
+  return key.revokedAt === null || key.revokedAt.getTime() > now;
+}
+
 /** The longest a rotated key goes on working beside its successor: 30 days. */
 export const MAX_ROTATION_OVERLAP_SECONDS = 30 * 24 * 3600;
 

@@ -2,7 +2,7 @@
  * Checks of identity input shared by both engines, made before the database is asked:
  * role names, a caller's roles, a new API key. The databases repeat what guards data.
  */
-import { EngineError, MAX_ROTATION_OVERLAP_SECONDS, ROLE_NAME, type ApiKey, type ApiKeySecret, type NewApiKey } from '../engine.js';
+import { apiKeyActive, EngineError, MAX_ROTATION_OVERLAP_SECONDS, ROLE_NAME, type ApiKey, type ApiKeySecret, type NewApiKey } from '../engine.js';
 
 const badInput = (message: string) => new EngineError('BAD_USER_INPUT', message);
 
@@ -92,10 +92,16 @@ export function toApiKey(row: ApiKeyRow<unknown>, roles: string[]): ApiKey {
   };
 }
 
+/** NOT_FOUND for an API key id no key has (or no id at all). */
+export function noSuchApiKey(id: unknown): EngineError {
+  return new EngineError('NOT_FOUND', `no API key has the id "${String(id)}"`);
+}
+
 /** Why a key was not rotated: NOT_FOUND (no such key), or BAD_USER_INPUT (revoked, or rotated already). */
 export function notRotated(id: string, key: ApiKey | null): EngineError {
-  if (!key) return new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
-  if (key.revokedAt && key.revokedAt.getTime() > Date.now()) {
+  if (!key) return noSuchApiKey(id);
+  // not live, yet working: its revokedAt lies ahead, set by a rotation
+  if (key.revokedAt && apiKeyActive(key)) {
     return badInput(`the API key "${key.name}" (${id}) was rotated already and stops at ${key.revokedAt.toISOString()}: rotate its successor`);
   }
   return badInput(`the API key "${key.name}" (${id}) is revoked`);

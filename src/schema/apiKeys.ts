@@ -1,5 +1,5 @@
 import { createApiKey, DEFAULT_ROTATION_OVERLAP_SECONDS, rotateApiKey } from '../auth/apiKeys.js';
-import { MAX_ROTATION_OVERLAP_SECONDS, type ApiKey } from '../engine.js';
+import { apiKeyActive, MAX_ROTATION_OVERLAP_SECONDS, type ApiKey } from '../engine.js';
 import { builder } from './builder.js';
 import { checkToken, guard, requireAdmin } from './errors.js';
 
@@ -21,7 +21,7 @@ const ApiKeyRef = builder.objectRef<ApiKey>('ApiKey').implement({
     }),
     active: t.boolean({
       description: 'Whether it works now: not revoked, or rotated and still within its overlap.',
-      resolve: (k) => k.revokedAt === null || k.revokedAt.getTime() > Date.now(),
+      resolve: (k) => apiKeyActive(k),
     }),
   }),
 });

@@ -1,6 +1,6 @@
 import sql from 'mssql';
 import { EngineError, type ApiKey, type ApiKeySecret, type NewApiKey } from '../../engine.js';
-import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
+import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, noSuchApiKey, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
 import { errorNumber } from './errors.js';
 import { isToken } from './types.js';
 
@@ -48,7 +48,7 @@ export async function listApiKeys(pool: sql.ConnectionPool): Promise<ApiKey[]> {
  * NOT_FOUND for an id no key has.
  */
 export async function revokeApiKey(pool: sql.ConnectionPool, id: string): Promise<ApiKey> {
-  if (typeof id !== 'string' || !isToken(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${String(id)}"`);
+  if (typeof id !== 'string' || !isToken(id)) throw noSuchApiKey(id);
   const result = await pool
     .request()
     .input('id', sql.UniqueIdentifier, id)
@@ -57,7 +57,7 @@ export async function revokeApiKey(pool: sql.ConnectionPool, id: string): Promis
        OUTPUT ${columns('inserted')}
        FROM asyncexec.AsyncExecApiKeys AS k WHERE k.id = @id;`,
     );
-  if (!result.recordset[0]) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
+  if (!result.recordset[0]) throw noSuchApiKey(id);
   return toKey(result.recordset[0]);
 }
 
@@ -72,7 +72,7 @@ export async function revokeApiKey(pool: sql.ConnectionPool, id: string): Promis
 export async function rotateApiKey(pool: sql.ConnectionPool, id: string, successor: ApiKeySecret, overlapSeconds: number): Promise<{ key: ApiKey; previous: ApiKey }> {
   const { secretHash, prefix, createdBy } = checkApiKeySecret(successor);
   const overlap = checkOverlap(overlapSeconds);
-  if (typeof id !== 'string' || !isToken(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${String(id)}"`);
+  if (typeof id !== 'string' || !isToken(id)) throw noSuchApiKey(id);
   const result = await pool
     .request()
     .input('id', sql.UniqueIdentifier, id)

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { EngineError, isUuid, type ApiKey, type ApiKeySecret, type NewApiKey } from '../../engine.js';
-import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
+import { API_KEY_COLUMNS, checkApiKeySecret, checkNewApiKey, checkOverlap, noSuchApiKey, notRotated, toApiKey, type ApiKeyRow } from '../identity.js';
 
 const COLUMNS = API_KEY_COLUMNS.map((c) => `k.${c}`).join(', ');
 type Row = ApiKeyRow<string[]>;
@@ -43,7 +43,7 @@ export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
         [id],
       )
     : { rows: [] };
-  if (!rows[0]) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
+  if (!rows[0]) throw noSuchApiKey(id);
   return toKey(rows[0]);
 }
 
@@ -56,7 +56,7 @@ export async function revokeApiKey(pool: pg.Pool, id: string): Promise<ApiKey> {
 export async function rotateApiKey(pool: pg.Pool, id: string, successor: ApiKeySecret, overlapSeconds: number): Promise<{ key: ApiKey; previous: ApiKey }> {
   const { secretHash, prefix, createdBy } = checkApiKeySecret(successor);
   const overlap = checkOverlap(overlapSeconds);
-  if (!isUuid(id)) throw new EngineError('NOT_FOUND', `no API key has the id "${id}"`);
+  if (!isUuid(id)) throw noSuchApiKey(id);
   const { rows } = await pool
     .query<Row & { previous: boolean }>(
       `with previous as (
