@@ -927,13 +927,13 @@ export class PostgresActivator implements Closeable {
     this.stopping = true;
     if (this.ticker) clearInterval(this.ticker);
     if (this.dueTimer) clearTimeout(this.dueTimer);
-    // the housekeeping under way may wait for a pool connection: one on its way is cut (its
-    // statement fails, and the tick with it); a database that answers gives one at once after
+    // every connection on its way is cut short, a database that does not answer would hold the
+    // stop for the connect timeout: a worker's, the wake listener's reconnect, and the shared
+    // pool's, which the housekeeping under way may wait in (its statement fails, and the tick
+    // with it). None of this activator's begins from now on (connect()).
+    this.opening.forEach(cutShort);
     this.options.cutPoolConnects?.();
     await this.housekeeping;
-    // a connection on its way (a worker's, or the wake listener's reconnect) is cut short: a
-    // database that does not answer would hold the stop for the connect timeout
-    for (const client of this.opening) cutShort(client);
     for (const queue of this.queues.values()) queue.stopWaiting();
     const done = Promise.all([...this.queues.values()].map((q) => q.done()));
     const graceMs = this.options.stopGraceMs ?? Infinity;

@@ -305,7 +305,7 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
         retentionMs: this.options.retentionMs,
         notifier: this.notifier,
         progress: this.progress,
-        cutPoolConnects: () => this.poolOpening.forEach(cutShort),
+        cutPoolConnects: () => this.cutPoolConnects(),
       },
       this.pool,
     );
@@ -328,13 +328,20 @@ export class PostgresEngine implements Engine<PostgresTransaction> {
     return this.closeables.track(listener, () => this.notifier.local.delete(local));
   }
 
+  /**
+   * The pool's connections on their way, cut short (its statement fails): one to a database that
+   * does not answer would hold a stop for the connect timeout (30 s).
+   */
+  private cutPoolConnects(): void {
+    this.poolOpening.forEach(cutShort);
+  }
+
   /** Ends everything the engine opened; a second call waits for the first (pg refuses to end a pool twice). */
   close(): Promise<void> {
     this.closing ??= (async () => {
       await this.closeables.closeAll();
-      // a pool connection on its way (to a database that does not answer) would hold the
-      // progress writes and the pool's end for the connect timeout: cut, its statement fails
-      this.poolOpening.forEach(cutShort);
+      // a pool connection on its way would hold the progress writes and the pool's end too
+      this.cutPoolConnects();
       await this.progress.close();
       await this.notifier.close();
       await this.pool.end();
