@@ -43,7 +43,7 @@ export function mapDatabaseError(error: unknown): unknown {
 export function mapSubmitError(error: unknown): unknown {
   const code = (error as { code?: unknown })?.code;
   if (typeof code === 'string' && (code.startsWith('22') || code === '23514' || code === 'P0001')) {
-    return new EngineError('INVALID_ARGUMENTS', `the arguments were refused: ${(error as Error).message}`, { cause: error });
+    return new EngineError('INVALID_ARGUMENTS', (error as Error).message, { cause: error });
   }
   return mapDatabaseError(error);
 }

@@ -91,10 +91,9 @@ export async function invoke(tx: pg.ClientBase, call: InvokeCall, quiet = false)
   } catch (error) {
     throw mapSubmitError(error);
   }
-  // refused without failing the statement: the caller's transaction goes on (submit_or_refuse.sql)
+  // refused without failing the statement: the caller's transaction goes on (submit_or_refuse.sql);
+  // mapped as a submit's error raised (class 22, an argument PostgreSQL could not read as its type: INVALID_ARGUMENTS)
   if (row.refused_code !== null) {
-    // class 22: an argument PostgreSQL could not read as its parameter's type
-    if (row.refused_code.startsWith('22')) throw new EngineError('INVALID_ARGUMENTS', row.refused_message ?? 'invalid arguments');
     throw mapSubmitError(Object.assign(new Error(row.refused_message ?? 'refused'), { code: row.refused_code, hint: row.refused_hint ?? undefined }));
   }
   return submitted(row);
